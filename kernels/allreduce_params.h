@@ -1,0 +1,155 @@
+/*
+ * allreduce_params.h: the host <-> kernel contract of the custom all-reduce kernels.
+ *
+ * Plain C (C99/C11), also included from C++ and CUDA. Only <stdint.h>; no CUDA types.
+ * The Rust core mirrors EarAllReduceParams with #[repr(C)] and the macros below by hand:
+ * any change here is an ABI change (bump EAR_ABI_VERSION).
+ *
+ * Protocols, ordering and why slot reuse is safe: docs/KERNELS.md and the top of each
+ * kernel file (oneshot.cu, twoshot.cu, lamport.cu).
+ *
+ * ---------------------------------------------------------------------------------------
+ * Workspace of ONE rank: one device allocation, zero-filled by the host at creation, never
+ * written by the host again, mapped into every peer process (IPC). Layout:
+ *
+ *   [ signal region : EAR_SIGNAL_BYTES                ]  offset 0
+ *   [ data region   : EAR_DATA_BYTES(max_msg, nranks) ]  offset EAR_SIGNAL_BYTES
+ *
+ *   signal region: uint64_t slot[EAR_MAX_BLOCKS][EAR_MAX_RANKS]; slot[b][r] is written
+ *                  (st.release.sys) only by CTA b of rank r, read only by its owner.
+ *   data region  (offsets from the start of the data region, all 128-byte aligned):
+ *     EAR_OFF_ONESHOT          2 banks x EAR_ONESHOT_BANK_BYTES(m)          (one-shot)
+ *     EAR_OFF_TWOSHOT_STAGE    nranks rows x EAR_TWOSHOT_SEG_BYTES(m, n)    (two-shot)
+ *     EAR_OFF_TWOSHOT_GATHER   nranks segs x EAR_TWOSHOT_SEG_BYTES(m, n)    (two-shot)
+ *     EAR_OFF_LAMPORT          3 buffers x nranks rows x EAR_LAMPORT_ROW_BYTES(m)
+ *   where m = max_msg_bytes (the largest count * elem_size the workspace serves; the same
+ *   value goes into EarAllReduceParams.ws_max_bytes on every call) and n = nranks.
+ *   Every rank of a communicator must create its workspace with the same (m, n).
+ *
+ * State block of ONE rank: EAR_STATE_BYTES, a SEPARATE device allocation (any zero-filled
+ * block, 16-byte aligned, e.g. its own cudaMalloc + cudaMemset 0), local only: never mapped
+ * into peers, never touched by the host after the zero-fill. It holds the call counters
+ * and the CTA-arrival counter; every advance happens in-kernel (CUDA-graph safe). One state
+ * block per (workspace, rank), shared by all three kernel families, used by one stream at
+ * a time.
+ *
+ * ---------------------------------------------------------------------------------------
+ * Launch rule (host):
+ *   - block = EAR_BLOCK_THREADS threads, no dynamic shared memory, the params by value as
+ *     the only argument. The PDL attribute (programmatic stream serialization) is optional.
+ *   - grid  = EAR_GRID(work_vecs, max_blocks) with
+ *         vecs      = ceil(count * elem_size / 16)
+ *         work_vecs = vecs                      for ear_oneshot_* and ear_lamport_*
+ *                   = ceil(vecs / nranks)       for ear_twoshot_*
+ *         max_blocks in [1, EAR_MAX_BLOCKS]     (tunable; EAR_DEFAULT_MAX_BLOCKS untuned)
+ *     Any grid in [1, EAR_MAX_BLOCKS] is correct; what is REQUIRED is that the grid (and
+ *     count, dtype, family) is IDENTICAL on every rank for the same call, and that every
+ *     rank issues the same sequence of custom all-reduce calls on the same communicator
+ *     (NCCL fallbacks in between do not matter).
+ *   - ALL three families spin on peers: all CTAs of the call on all ranks must be able to be
+ *     co-resident (grid <= SM count; do not share the GPU with work that can starve it).
+ *   - input and output 16-byte aligned (else use NCCL); output may equal input (in place);
+ *     output must not partially overlap input.
+ *   - dtype: f32, f16, bf16 (sum). count >= 1.
+ *   - count * elem_size <= ws_max_bytes                           (oneshot, twoshot)
+ *     count * elem_size <= EAR_LAMPORT_MAX_MSG(ws_max_bytes)      (lamport)
+ *     Violations, nranks != the kernel's N or rank outside [0, N) trap (sticky error).
+ * ---------------------------------------------------------------------------------------
+ */
+#ifndef EAR_ALLREDUCE_PARAMS_H
+#define EAR_ALLREDUCE_PARAMS_H
+
+#include <stdint.h>
+
+#define EAR_ABI_VERSION 1
+
+#define EAR_MAX_RANKS 16
+/* Max grid accepted. 64 x 512 threads keeps 2 x 64 CTAs co-resident on a 132-SM H200 in
+ * the one-GPU simulation at N = 2; the bandwidth optimum on real NVLink is unmeasured. */
+#define EAR_MAX_BLOCKS 64
+/* The one block size every kernel is launched with (as TRT-LLM's DEFAULT_BLOCK_SIZE). */
+#define EAR_BLOCK_THREADS 512
+/* Suggested max_blocks for EAR_GRID; vLLM uses 36 (anchors); not measured here yet. */
+#define EAR_DEFAULT_MAX_BLOCKS 32
+
+/* Bytes per packed vector: every kernel moves 16-byte vectors. */
+#define EAR_VEC_BYTES 16
+#define EAR_ALIGN_BYTES 128
+#define EAR_ROUND_UP(x, a) ((((uint64_t)(x)) + (uint64_t)(a) - 1u) / (uint64_t)(a) * (uint64_t)(a))
+#define EAR_CEIL_DIV(x, y) ((((uint64_t)(x)) + (uint64_t)(y) - 1u) / (uint64_t)(y))
+
+/* Signal region: uint64_t slot[EAR_MAX_BLOCKS][EAR_MAX_RANKS] (8 KiB). */
+#define EAR_SIGNAL_BYTES ((uint64_t)EAR_MAX_BLOCKS * EAR_MAX_RANKS * 8u)
+/* Local state block (layout private to kernels/common.cuh: counters). */
+#define EAR_STATE_BYTES 128u
+
+/* Lamport buffers are 3 x nranks x row per rank; the row (and so the largest Lamport
+ * message) is capped so that the cap costs 3 * nranks * 2 MiB (48 MiB at 8 ranks). */
+#define EAR_LAMPORT_MAX_BYTES ((uint64_t)2u << 20)
+
+/* 16-byte vectors in a message of m bytes. */
+#define EAR_VECS(m) EAR_CEIL_DIV((m), EAR_VEC_BYTES)
+/* One-shot: one bank holds a whole message. */
+#define EAR_ONESHOT_BANK_BYTES(m) EAR_ROUND_UP(EAR_VECS(m) * EAR_VEC_BYTES, EAR_ALIGN_BYTES)
+/* Two-shot: a segment is ceil(vecs / n) vectors; stage and gather hold n segments each. */
+#define EAR_TWOSHOT_SEG_VECS(m, n) EAR_CEIL_DIV(EAR_VECS(m), (n))
+#define EAR_TWOSHOT_SEG_BYTES(m, n) (EAR_TWOSHOT_SEG_VECS(m, n) * EAR_VEC_BYTES)
+#define EAR_TWOSHOT_AREA_BYTES(m, n) \
+  EAR_ROUND_UP((uint64_t)(n) * EAR_TWOSHOT_SEG_BYTES(m, n), EAR_ALIGN_BYTES)
+/* Lamport: largest message and row size. */
+#define EAR_LAMPORT_MAX_MSG(m) \
+  (((uint64_t)(m)) < EAR_LAMPORT_MAX_BYTES ? ((uint64_t)(m)) : EAR_LAMPORT_MAX_BYTES)
+#define EAR_LAMPORT_ROW_BYTES(m) EAR_ROUND_UP(EAR_LAMPORT_MAX_MSG(m), EAR_ALIGN_BYTES)
+
+/* Offsets inside the data region (add EAR_SIGNAL_BYTES for offsets from the base). */
+#define EAR_OFF_ONESHOT(m, n) ((uint64_t)0u)
+#define EAR_OFF_TWOSHOT_STAGE(m, n) (EAR_OFF_ONESHOT(m, n) + 2u * EAR_ONESHOT_BANK_BYTES(m))
+#define EAR_OFF_TWOSHOT_GATHER(m, n) (EAR_OFF_TWOSHOT_STAGE(m, n) + EAR_TWOSHOT_AREA_BYTES(m, n))
+#define EAR_OFF_LAMPORT(m, n) (EAR_OFF_TWOSHOT_GATHER(m, n) + EAR_TWOSHOT_AREA_BYTES(m, n))
+
+/* Data region size of one rank:
+ *   2*B1(m) + 2*round128(n*ceil(ceil(m/16)/n)*16) + 3*n*round128(min(m, 2 MiB)),
+ *   B1(m) = round128(ceil(m/16)*16).   About 4*m + 6*n MiB for m >= 2 MiB. */
+#define EAR_DATA_BYTES(m, n) \
+  (EAR_OFF_LAMPORT(m, n) + 3u * (uint64_t)(n) * EAR_LAMPORT_ROW_BYTES(m))
+/* The whole allocation of one rank. */
+#define EAR_WORKSPACE_BYTES(m, n) (EAR_SIGNAL_BYTES + EAR_DATA_BYTES(m, n))
+
+/* Grid rule (see the launch rule above). */
+#define EAR_GRID(work_vecs, max_blocks)                                                   \
+  ((uint32_t)(EAR_CEIL_DIV((work_vecs), EAR_BLOCK_THREADS) < 1u ? 1u                      \
+              : EAR_CEIL_DIV((work_vecs), EAR_BLOCK_THREADS) > (uint64_t)(max_blocks)     \
+                  ? (uint64_t)(max_blocks)                                                \
+                  : EAR_CEIL_DIV((work_vecs), EAR_BLOCK_THREADS)))
+
+/* The only kernel argument, passed by value. 176 bytes, 8-byte aligned, no implicit
+ * padding (64-bit targets only). */
+typedef struct EarAllReduceParams {
+  /* Base of each rank's workspace as mapped in this process, index = rank; entry `rank` is
+   * our own allocation. Entries >= nranks are ignored (set them to NULL). */
+  void* peer_ws[EAR_MAX_RANKS];
+  /* Our local state block (EAR_STATE_BYTES, zero-filled once, see above). */
+  void* state;
+  /* count elements of the call's dtype, 16-byte aligned. */
+  const void* input;
+  /* count elements, 16-byte aligned; may equal input. */
+  void* output;
+  /* Number of elements (>= 1), identical on every rank. */
+  uint64_t count;
+  /* The max_msg_bytes `m` the workspaces were created with (identical on every rank). */
+  uint64_t ws_max_bytes;
+  /* This process's rank in [0, nranks). */
+  int32_t rank;
+  /* Number of ranks; must equal the N of the kernel's name. */
+  int32_t nranks;
+} EarAllReduceParams;
+
+#ifdef __cplusplus
+static_assert(sizeof(EarAllReduceParams) == 176, "EarAllReduceParams must be 176 bytes");
+static_assert(sizeof(void*) == 8, "64-bit targets only");
+#else
+_Static_assert(sizeof(EarAllReduceParams) == 176, "EarAllReduceParams must be 176 bytes");
+_Static_assert(sizeof(void*) == 8, "64-bit targets only");
+#endif
+
+#endif /* EAR_ALLREDUCE_PARAMS_H */

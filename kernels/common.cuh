@@ -1,0 +1,344 @@
+// common.cuh: primitives shared by the all-reduce kernel families (oneshot.cu, twoshot.cu,
+// lamport.cu): 16-byte packed vectors, fp32 accumulation in rank order, sys-scope flag
+// load/store, the per-CTA cross-rank barrier, the local state block and the end-of-call
+// epilogue. The contract with the host is kernels/allreduce_params.h.
+#pragma once
+
+#include <stdint.h>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "allreduce_params.h"
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+#error "the all-reduce kernels need sm_80 or newer"
+#endif
+
+namespace ear {
+
+constexpr int kThreads = EAR_BLOCK_THREADS;
+
+// ---------------------------------------------------------------------------------------
+// Local state block (EAR_STATE_BYTES, zero-filled once by the host). Only the last CTA of
+// a call to finish writes it (see finish_call), and only after every CTA of the call has
+// read it, so every CTA of one call sees the same counters. The next call reads it after
+// griddepcontrol.wait, i.e. after this grid has completed and flushed.
+struct State {
+  // Calls of the barrier families (oneshot, twoshot) completed on this workspace. Call
+  // `seq` uses flag values 2*seq+1 (first barrier) and 2*seq+2 (second barrier) and
+  // one-shot bank seq % 2. Identical on every rank because every rank issues the same
+  // call sequence.
+  uint64_t seq;
+  // Lamport calls completed; call `lam_seq` writes buffer lam_seq % 3.
+  uint64_t lam_seq;
+  // Vectors per row the previous Lamport call wrote (what this call must clear).
+  uint64_t lam_prev_vecs;
+  // CTAs of the running call that have finished; back to 0 at the end of each call.
+  uint32_t arrive;
+  uint32_t pad_;
+};
+static_assert(sizeof(State) <= EAR_STATE_BYTES, "State must fit EAR_STATE_BYTES");
+
+// ---------------------------------------------------------------------------------------
+// Memory access helpers. Everything another rank writes during a call is read with
+// L1-bypassing loads (.cg / .volatile): L1 is not coherent, and a line of a peer's buffer
+// left in L1 by an earlier call would be stale.
+
+__device__ __forceinline__ uint4 ld_cg(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.cg.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p)
+               : "memory");
+  return v;
+}
+
+// Input loads: plain (L1-allocating) is fine, nobody else writes our input during a call.
+// Not .nc: the input may alias the output we write.
+__device__ __forceinline__ uint4 ld_plain(const void* p) {
+  return *reinterpret_cast<const uint4*>(p);
+}
+
+__device__ __forceinline__ uint4 ld_volatile(const void* p) {
+  uint4 v;
+  asm volatile("ld.volatile.global.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p)
+               : "memory");
+  return v;
+}
+
+// One 16-byte store instruction (Lamport relies on a 16-byte store never being split below
+// 4-byte granularity; every word is checked anyway).
+__device__ __forceinline__ void st_vec(void* p, uint4 v) {
+  asm volatile("st.global.v4.u32 [%0], {%1,%2,%3,%4};" ::"l"(p), "r"(v.x), "r"(v.y),
+               "r"(v.z), "r"(v.w)
+               : "memory");
+}
+
+__device__ __forceinline__ void st_release_sys(uint64_t* p, uint64_t v) {
+  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+__device__ __forceinline__ uint64_t ld_acquire_sys(const uint64_t* p) {
+  uint64_t v;
+  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ uint64_t ld_volatile_u64(const uint64_t* p) {
+  return *reinterpret_cast<const volatile uint64_t*>(p);
+}
+
+// ---------------------------------------------------------------------------------------
+// Programmatic dependent launch. Harmless when the host did not set the attribute.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// ---------------------------------------------------------------------------------------
+// Element types: 16-byte vectors of E elements, accumulated in fp32.
+template <typename T>
+struct Elem;
+template <>
+struct Elem<float> {
+  static constexpr int E = 4;
+  using Bits = uint32_t;
+  __device__ static __forceinline__ void add(float (&acc)[E], const uint4& v) {
+    acc[0] += __uint_as_float(v.x);
+    acc[1] += __uint_as_float(v.y);
+    acc[2] += __uint_as_float(v.z);
+    acc[3] += __uint_as_float(v.w);
+  }
+  __device__ static __forceinline__ uint4 pack(const float (&acc)[E]) {
+    return make_uint4(__float_as_uint(acc[0]), __float_as_uint(acc[1]),
+                      __float_as_uint(acc[2]), __float_as_uint(acc[3]));
+  }
+};
+
+__device__ __forceinline__ float bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float bf16_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
+__device__ __forceinline__ uint32_t bf16_bits(float x) {
+  return static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(x)));
+}
+template <>
+struct Elem<__nv_bfloat16> {
+  static constexpr int E = 8;
+  using Bits = uint16_t;
+  __device__ static __forceinline__ void add2(float* acc, uint32_t w) {
+    acc[0] += bf16_lo(w);
+    acc[1] += bf16_hi(w);
+  }
+  __device__ static __forceinline__ void add(float (&acc)[E], const uint4& v) {
+    add2(acc + 0, v.x);
+    add2(acc + 2, v.y);
+    add2(acc + 4, v.z);
+    add2(acc + 6, v.w);
+  }
+  __device__ static __forceinline__ uint32_t pack2(const float* a) {
+    return bf16_bits(a[0]) | (bf16_bits(a[1]) << 16);
+  }
+  __device__ static __forceinline__ uint4 pack(const float (&acc)[E]) {
+    return make_uint4(pack2(acc + 0), pack2(acc + 2), pack2(acc + 4), pack2(acc + 6));
+  }
+};
+
+__device__ __forceinline__ float f16_at(uint32_t w, int shift) {
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(w >> shift)));
+}
+__device__ __forceinline__ uint32_t f16_bits(float x) {
+  return static_cast<uint32_t>(__half_as_ushort(__float2half_rn(x)));
+}
+template <>
+struct Elem<__half> {
+  static constexpr int E = 8;
+  using Bits = uint16_t;
+  __device__ static __forceinline__ void add2(float* acc, uint32_t w) {
+    acc[0] += f16_at(w, 0);
+    acc[1] += f16_at(w, 16);
+  }
+  __device__ static __forceinline__ void add(float (&acc)[E], const uint4& v) {
+    add2(acc + 0, v.x);
+    add2(acc + 2, v.y);
+    add2(acc + 4, v.z);
+    add2(acc + 6, v.w);
+  }
+  __device__ static __forceinline__ uint32_t pack2(const float* a) {
+    return f16_bits(a[0]) | (f16_bits(a[1]) << 16);
+  }
+  __device__ static __forceinline__ uint4 pack(const float (&acc)[E]) {
+    return make_uint4(pack2(acc + 0), pack2(acc + 2), pack2(acc + 4), pack2(acc + 6));
+  }
+};
+
+// The canonical reduction every family uses: fp32, accumulator starting at +0.0f, ranks
+// added in order 0..N-1, one rounding to T at the end. Same inputs give the same bits on
+// every rank and in every family. Starting at +0.0f makes the result independent of the
+// sign of zero inputs (+0 + -0 = +0), which lets Lamport rewrite +0 words as -0.
+template <typename T, int N>
+__device__ __forceinline__ uint4 reduce_in_rank_order(const uint4 (&v)[N]) {
+  float acc[Elem<T>::E];
+#pragma unroll
+  for (int e = 0; e < Elem<T>::E; ++e) acc[e] = 0.0f;
+#pragma unroll
+  for (int r = 0; r < N; ++r) Elem<T>::add(acc, v[r]);
+  return Elem<T>::pack(acc);
+}
+
+// ---------------------------------------------------------------------------------------
+// Messages are handled as vecs = ceil(count / E) 16-byte vectors; the last one may be
+// partial. Partial vectors are loaded element-wise and padded with +0 bits, and stored
+// element-wise, so nothing past `count` is ever read from input or written to output.
+template <typename T>
+__device__ __forceinline__ uint64_t vec_count(uint64_t count) {
+  return (count + Elem<T>::E - 1) / Elem<T>::E;
+}
+
+template <typename T>
+__device__ __forceinline__ uint4 load_input(const void* in, uint64_t vi, uint64_t count) {
+  constexpr int E = Elem<T>::E;
+  using B = typename Elem<T>::Bits;
+  const uint64_t first = vi * E;
+  if (first + E <= count) return ld_plain(static_cast<const char*>(in) + vi * 16);
+  union {
+    uint4 v;
+    B b[E];
+  } u;
+  u.v = make_uint4(0u, 0u, 0u, 0u);
+  const B* src = static_cast<const B*>(in) + first;
+#pragma unroll
+  for (int e = 0; e < E; ++e)
+    if (first + e < count) u.b[e] = src[e];
+  return u.v;
+}
+
+template <typename T>
+__device__ __forceinline__ void store_output(void* out, uint64_t vi, uint64_t count, uint4 v) {
+  constexpr int E = Elem<T>::E;
+  using B = typename Elem<T>::Bits;
+  const uint64_t first = vi * E;
+  if (first + E <= count) {
+    *reinterpret_cast<uint4*>(static_cast<char*>(out) + vi * 16) = v;
+    return;
+  }
+  union {
+    uint4 v;
+    B b[E];
+  } u;
+  u.v = v;
+  B* dst = static_cast<B*>(out) + first;
+#pragma unroll
+  for (int e = 0; e < E; ++e)
+    if (first + e < count) dst[e] = u.b[e];
+}
+
+// ---------------------------------------------------------------------------------------
+// Params access. peer_ws is indexed only with compile-time indices or through this select
+// chain, so the by-value params never get copied to local memory.
+template <int N>
+__device__ __forceinline__ char* peer_base(const EarAllReduceParams& p, int q) {
+  char* b = static_cast<char*>(p.peer_ws[0]);
+#pragma unroll
+  for (int r = 1; r < N; ++r)
+    if (q == r) b = static_cast<char*>(p.peer_ws[r]);
+  return b;
+}
+
+__device__ __forceinline__ char* data_region(void* ws) {
+  return static_cast<char*>(ws) + EAR_SIGNAL_BYTES;
+}
+
+__device__ __forceinline__ uint64_t* signal_slot(void* ws, int block, int src_rank) {
+  return static_cast<uint64_t*>(ws) + static_cast<uint64_t>(block) * EAR_MAX_RANKS + src_rank;
+}
+
+// Traps on a broken launch contract instead of corrupting memory or hanging peers.
+template <typename T, int N>
+__device__ __forceinline__ void check_params(const EarAllReduceParams& p, uint64_t max_bytes) {
+  if (p.nranks != N || p.rank < 0 || p.rank >= N || gridDim.x > EAR_MAX_BLOCKS ||
+      blockDim.x != EAR_BLOCK_THREADS || p.count * sizeof(T) > max_bytes)
+    __trap();
+}
+
+// ---------------------------------------------------------------------------------------
+// Cross-rank barrier of CTA blockIdx.x with the CTAs of the same index on every rank.
+// Promise: everything this CTA wrote before the call (to any rank's memory) is visible to
+// the same-index CTA of every peer after its barrier, and vice versa.
+//   Thread q < N, q != rank, publishes `value` into rank q's slot[blockIdx.x][rank]
+//   (st.release.sys after __syncthreads, so the whole CTA's earlier writes are ordered
+//   before it) and spins on our slot[blockIdx.x][q] (ld.acquire.sys) until it holds a
+//   value >= `value`; the closing __syncthreads hands the acquire to the whole CTA.
+// Values are 64-bit and only ever increase on every slot (2*seq+1, 2*seq+2, seq counting
+// calls), so a slot left behind by an older call or a larger grid is always smaller than
+// what a later call waits for (no ABA when grids or sizes change), and a peer that is one
+// barrier or one call ahead may overwrite our slot with a larger value without making us
+// miss it (the wait is >=, not ==). 64 bits never wrap.
+template <int N>
+__device__ __forceinline__ void cta_barrier(const EarAllReduceParams& p, uint64_t value) {
+  __syncthreads();
+  const int q = static_cast<int>(threadIdx.x);
+  if (q < N && q != p.rank) {
+    st_release_sys(signal_slot(peer_base<N>(p, q), blockIdx.x, p.rank), value);
+    const uint64_t* mine = signal_slot(peer_base<N>(p, p.rank), blockIdx.x, q);
+    while (ld_acquire_sys(mine) < value) {
+    }
+  }
+  __syncthreads();
+}
+
+// Reads the state once per CTA (thread 0, after pdl_wait) and broadcasts it.
+struct CallCounters {
+  uint64_t seq, lam_seq, lam_prev_vecs;
+};
+__device__ __forceinline__ CallCounters read_state(const EarAllReduceParams& p) {
+  __shared__ CallCounters s;
+  if (threadIdx.x == 0) {
+    const State* st = static_cast<const State*>(p.state);
+    s.seq = ld_volatile_u64(&st->seq);
+    s.lam_seq = ld_volatile_u64(&st->lam_seq);
+    s.lam_prev_vecs = ld_volatile_u64(&st->lam_prev_vecs);
+  }
+  __syncthreads();
+  return s;
+}
+
+// End of a call: the last CTA to arrive advances the counters (update(State*)), then every
+// CTA triggers the dependent launch. Every CTA read the state (read_state) before it
+// arrives, so the update cannot be seen by a CTA of this call. The trigger comes after the
+// outputs and the state are written; the next kernel still reads the state only after
+// griddepcontrol.wait (full completion of this grid).
+template <typename F>
+__device__ __forceinline__ void finish_call(const EarAllReduceParams& p, F update) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    State* st = static_cast<State*>(p.state);
+    __threadfence();
+    const uint32_t prev = atomicAdd(&st->arrive, 1u);
+    if (prev == gridDim.x - 1) {
+      __threadfence();
+      update(st);
+      st->arrive = 0;
+      __threadfence();
+    }
+  }
+  __syncthreads();
+  pdl_trigger();
+}
+
+}  // namespace ear
+
+// Each kernel file lists its 15 extern "C" kernels with this macro, in one place at its end:
+// ear_<FAMILY>_<TNAME>_n<N>(EarAllReduceParams) running BODY<T, N> on every CTA.
+#define EAR_DEFINE_KERNEL(FAMILY, BODY, TNAME, T, N)                                       \
+  extern "C" __global__ void __launch_bounds__(EAR_BLOCK_THREADS, 1)                        \
+      ear_##FAMILY##_##TNAME##_n##N(const EarAllReduceParams params) {                     \
+    BODY<T, N>(params);                                                                     \
+  }

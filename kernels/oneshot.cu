@@ -1,0 +1,77 @@
+// oneshot.cu: one-shot all-reduce, pull flavour (ear_oneshot_<t>_n<N>).
+//
+// Protocol (call number seq = State::seq, identical on every rank):
+//   layout   own bank = data region + EAR_OFF_ONESHOT + (seq % 2) * EAR_ONESHOT_BANK_BYTES(m),
+//            a copy of our whole input, vector i at byte 16*i.
+//   1. stage  every CTA b copies its vectors (i = b*512 + t, grid-stride) of our input into
+//             our own bank (local writes).
+//   2. barrier cta_barrier(2*seq+1): CTA b of every rank has staged its vectors.
+//   3. reduce CTA b loads the SAME vectors from the bank of every rank (N-1 NVLink reads),
+//             sums them in rank order 0..N-1 in fp32, writes our output.
+//   4. finish the last CTA advances seq.
+//   Who writes what: rank r writes only its own bank and peers' signal slots; peers only
+//   read rank r's bank. Each thread reads in step 3 exactly the vectors the same-index
+//   thread of every rank wrote in step 1, so the per-CTA barrier is enough; the same
+//   thread reads input i before writing output i, so in-place is safe.
+//
+// Why bank reuse is safe without an exit barrier: call seq writes bank seq % 2, which was
+// last read by peers in call seq-2. Rank r starts call seq only after its call seq-1 has
+// completed (stream order, or griddepcontrol.wait under PDL), and call seq-1 had CTA 0 of r
+// wait in a barrier for CTA 0 of every peer in call seq-1, which a peer reaches only after
+// its call seq-2 has completed. So no peer still reads the bank. This needs only "every
+// call has at least one barrier that CTA 0 of every rank joins", which holds for both
+// barrier families (they share seq and the signal slots), whatever the grid of each call.
+//
+// Cost per rank: local copy S, (N-1)*S NVLink reads, one flag round trip.
+#include "common.cuh"
+
+namespace ear {
+
+template <typename T, int N>
+__device__ __forceinline__ void oneshot_body(const EarAllReduceParams& p) {
+  check_params<T, N>(p, p.ws_max_bytes);
+  pdl_wait();
+  const CallCounters c = read_state(p);
+  const uint64_t m = p.ws_max_bytes;
+  const uint64_t vecs = vec_count<T>(p.count);
+  const uint64_t bank_off =
+      EAR_OFF_ONESHOT(m, N) + (c.seq & 1u) * EAR_ONESHOT_BANK_BYTES(m);
+  char* own_bank = data_region(peer_base<N>(p, p.rank)) + bank_off;
+  const uint64_t stride = static_cast<uint64_t>(gridDim.x) * kThreads;
+  const uint64_t first = static_cast<uint64_t>(blockIdx.x) * kThreads + threadIdx.x;
+
+  for (uint64_t i = first; i < vecs; i += stride)
+    st_vec(own_bank + i * 16, load_input<T>(p.input, i, p.count));
+
+  cta_barrier<N>(p, 2 * c.seq + 1);
+
+  const char* banks[N];
+#pragma unroll
+  for (int r = 0; r < N; ++r) banks[r] = data_region(p.peer_ws[r]) + bank_off;
+  for (uint64_t i = first; i < vecs; i += stride) {
+    uint4 v[N];
+#pragma unroll
+    for (int r = 0; r < N; ++r) v[r] = ld_cg(banks[r] + i * 16);
+    store_output<T>(p.output, i, p.count, reduce_in_rank_order<T, N>(v));
+  }
+
+  finish_call(p, [&](State* st) { st->seq = c.seq + 1; });
+}
+
+}  // namespace ear
+
+EAR_DEFINE_KERNEL(oneshot, ear::oneshot_body, f32, float, 2)
+EAR_DEFINE_KERNEL(oneshot, ear::oneshot_body, f32, float, 4)
+EAR_DEFINE_KERNEL(oneshot, ear::oneshot_body, f32, float, 6)
+EAR_DEFINE_KERNEL(oneshot, ear::oneshot_body, f32, float, 8)
+EAR_DEFINE_KERNEL(oneshot, ear::oneshot_body, f32, float, 16)
+EAR_DEFINE_KERNEL(oneshot, ear::oneshot_body, f16, __half, 2)
+EAR_DEFINE_KERNEL(oneshot, ear::oneshot_body, f16, __half, 4)
+EAR_DEFINE_KERNEL(oneshot, ear::oneshot_body, f16, __half, 6)
+EAR_DEFINE_KERNEL(oneshot, ear::oneshot_body, f16, __half, 8)
+EAR_DEFINE_KERNEL(oneshot, ear::oneshot_body, f16, __half, 16)
+EAR_DEFINE_KERNEL(oneshot, ear::oneshot_body, bf16, __nv_bfloat16, 2)
+EAR_DEFINE_KERNEL(oneshot, ear::oneshot_body, bf16, __nv_bfloat16, 4)
+EAR_DEFINE_KERNEL(oneshot, ear::oneshot_body, bf16, __nv_bfloat16, 6)
+EAR_DEFINE_KERNEL(oneshot, ear::oneshot_body, bf16, __nv_bfloat16, 8)
+EAR_DEFINE_KERNEL(oneshot, ear::oneshot_body, bf16, __nv_bfloat16, 16)

@@ -1,0 +1,60 @@
+//! The C ABI of the library (cbindgen writes `include/edgellm_allreduce.h` from this file).
+//! Every function is `noexcept` in spirit: errors are logged and reported as `false`, and a
+//! panic never crosses this boundary.
+
+use crate::error::{guard, Error};
+use crate::registry;
+use std::ffi::{c_char, c_int, c_void, CStr};
+
+/// Registers the NCCL communicator that AllReducePlugin instances running on CUDA device
+/// `deviceId` use, and the address of `ncclAllReduce` from the NCCL library the runtime loaded.
+/// Replaces an earlier registration of the same device. Returns false (and logs why) for a
+/// negative device id or a null pointer.
+#[no_mangle]
+#[allow(non_snake_case)]
+pub extern "C" fn edgellmRegisterNcclCommForAllReducePlugin(
+    deviceId: c_int,
+    ncclComm: *mut c_void,
+    ncclAllReduceFunction: *mut c_void,
+) -> bool {
+    guard("edgellmRegisterNcclCommForAllReducePlugin", || {
+        registry::register(deviceId, ncclComm as usize, ncclAllReduceFunction as usize)
+    })
+    .is_ok()
+}
+
+/// Removes the registration of `deviceId` if it holds exactly `ncclComm`. Returns false (and
+/// logs why) otherwise.
+#[no_mangle]
+#[allow(non_snake_case)]
+pub extern "C" fn edgellmUnregisterNcclCommForAllReducePlugin(deviceId: c_int, ncclComm: *mut c_void) -> bool {
+    guard("edgellmUnregisterNcclCommForAllReducePlugin", || registry::unregister(deviceId, ncclComm as usize)).is_ok()
+}
+
+/// Edge-LLM's plugin-library initializer. `logger` is an `nvinfer1::ILogger*` (or null): the
+/// library logs through it from now on. Registers the AllReducePlugin creator with TensorRT's
+/// plugin registry under `libNamespace` (null means "") unless it is registered there already.
+/// Returns true unless that registration failed.
+#[no_mangle]
+#[allow(non_snake_case)]
+pub extern "C" fn initEdgellmPlugins(logger: *mut c_void, libNamespace: *const c_char) -> bool {
+    guard("initEdgellmPlugins", || {
+        if !logger.is_null() {
+            crate::ffi::set_logger(logger as usize);
+        }
+        let namespace = if libNamespace.is_null() {
+            ""
+        } else {
+            // SAFETY: a non-null libNamespace is a NUL-terminated string (the C API contract).
+            unsafe { CStr::from_ptr(libNamespace) }
+                .to_str()
+                .map_err(|_| Error::invalid("libNamespace is not valid UTF-8"))?
+        };
+        if crate::ffi::register_creator_in_namespace(namespace) {
+            Ok(())
+        } else {
+            Err(Error::invalid(format!("TensorRT refused to register AllReducePlugin in namespace '{namespace}'")))
+        }
+    })
+    .is_ok()
+}

@@ -1,0 +1,44 @@
+//! Logging: through the TensorRT logger when the process gave us one (`initEdgellmPlugins`,
+//! `setLoggerFinder`; the C++ side knows the TensorRT 10/11 layouts), else to stderr, filtered by
+//! `EDGELLM_ALLREDUCE_LOG_LEVEL` (error, warning, info, verbose; default warning).
+
+use std::sync::OnceLock;
+
+/// TensorRT's `ILogger::Severity` values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[repr(i32)]
+pub enum Severity {
+    Error = 1,
+    Warning = 2,
+    Info = 3,
+    Verbose = 4,
+}
+
+fn stderr_threshold() -> Severity {
+    static LEVEL: OnceLock<Severity> = OnceLock::new();
+    *LEVEL.get_or_init(|| match std::env::var("EDGELLM_ALLREDUCE_LOG_LEVEL").as_deref() {
+        Ok("error") => Severity::Error,
+        Ok("info") => Severity::Info,
+        Ok("verbose") => Severity::Verbose,
+        _ => Severity::Warning,
+    })
+}
+
+pub fn log(severity: Severity, message: &str) {
+    let line = format!("[edgellm-allreduce] {message}");
+    if !crate::ffi::trt_log(severity as i32, &line) && severity <= stderr_threshold() {
+        // Not eprintln!: it panics when stderr is closed, and logging must never panic.
+        use std::io::Write;
+        let _ = writeln!(std::io::stderr(), "{line}");
+    }
+}
+
+pub fn error(message: &str) {
+    log(Severity::Error, message)
+}
+pub fn warning(message: &str) {
+    log(Severity::Warning, message)
+}
+pub fn info(message: &str) {
+    log(Severity::Info, message)
+}

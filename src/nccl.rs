@@ -1,0 +1,81 @@
+//! The NCCL path: the registered `ncclAllReduce` is called through its address, so this library
+//! never loads an NCCL of its own (a second NCCL in one process is a hazard).
+
+use crate::error::{Error, Result};
+use crate::registry::Registration;
+use crate::tensor::DataType;
+use std::ffi::c_void;
+
+/// `ncclResult_t ncclAllReduce(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t, cudaStream_t)`.
+type AllReduceFn = unsafe extern "C" fn(*const c_void, *mut c_void, usize, i32, i32, *mut c_void, *mut c_void) -> i32;
+
+/// `ncclSum`.
+const SUM: i32 = 0;
+
+/// `ncclDataType_t` codes. BF16 is 9 (`ncclBfloat16`); Edge-LLM 0.9.1 and 0.10 sent 10, which is
+/// `ncclFloat8e4m3` in NCCL >= 2.24, a bug fixed in 0.11.
+pub fn dtype_code(dtype: DataType) -> i32 {
+    match dtype {
+        DataType::Float => 7,
+        DataType::Half => 6,
+        DataType::Bf16 => 9,
+    }
+}
+
+/// Enqueues `ncclAllReduce(input, output, count, dtype, ncclSum, comm, stream)`.
+///
+/// # Safety
+/// `registration` must hold a live communicator and the address of `ncclAllReduce`; `input` and
+/// `output` must be device buffers of `count` elements on the communicator's device, `stream` a
+/// stream of that device.
+pub unsafe fn all_reduce(
+    registration: Registration,
+    input: usize,
+    output: usize,
+    count: usize,
+    dtype: DataType,
+    stream: usize,
+) -> Result<()> {
+    // SAFETY: the caller guarantees the address is ncclAllReduce, whose C signature is AllReduceFn.
+    let f: AllReduceFn = std::mem::transmute::<usize, AllReduceFn>(registration.all_reduce);
+    let code = f(
+        input as *const c_void,
+        output as *mut c_void,
+        count,
+        dtype_code(dtype),
+        SUM,
+        registration.comm as *mut c_void,
+        stream as *mut c_void,
+    );
+    if code != 0 {
+        return Err(Error::Nccl(code));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dtype_codes_match_nccl() {
+        assert_eq!(dtype_code(DataType::Half), 6);
+        assert_eq!(dtype_code(DataType::Float), 7);
+        assert_eq!(dtype_code(DataType::Bf16), 9);
+    }
+
+    static CALLS: std::sync::Mutex<Vec<(usize, usize, usize, i32, i32, usize, usize)>> = std::sync::Mutex::new(Vec::new());
+    unsafe extern "C" fn fake(i: *const c_void, o: *mut c_void, n: usize, t: i32, op: i32, c: *mut c_void, s: *mut c_void) -> i32 {
+        CALLS.lock().unwrap().push((i as usize, o as usize, n, t, op, c as usize, s as usize));
+        if n == 13 { 5 } else { 0 }
+    }
+
+    #[test]
+    fn calls_the_registered_function_with_edge_llm_arguments() {
+        let r = Registration { comm: 0xc0, all_reduce: fake as usize };
+        unsafe { all_reduce(r, 0x10, 0x20, 4096, DataType::Bf16, 0x30) }.unwrap();
+        assert_eq!(CALLS.lock().unwrap().last().copied(), Some((0x10, 0x20, 4096, 9, 0, 0xc0, 0x30)));
+        let err = unsafe { all_reduce(r, 0x10, 0x20, 13, DataType::Half, 0x30) }.unwrap_err();
+        assert!(matches!(err, Error::Nccl(5)));
+    }
+}

@@ -1,0 +1,88 @@
+//! TensorRT tensor descriptions as the plugin sees them: data types, formats, element counts.
+
+use crate::error::{Error, Result};
+use crate::ffi::TensorDesc;
+
+/// TensorRT `DataType` codes of the types the all-reduce accepts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DataType {
+    Float,
+    Half,
+    Bf16,
+}
+
+impl DataType {
+    pub fn from_trt(code: i32) -> Option<Self> {
+        match code {
+            0 => Some(DataType::Float),
+            1 => Some(DataType::Half),
+            7 => Some(DataType::Bf16),
+            _ => None,
+        }
+    }
+    pub fn size(self) -> usize {
+        match self {
+            DataType::Float => 4,
+            DataType::Half | DataType::Bf16 => 2,
+        }
+    }
+}
+
+/// TensorRT `TensorFormat::kLINEAR`.
+pub const LINEAR: i32 = 0;
+/// `Dims::MAX_DIMS`.
+pub const MAX_DIMS: usize = 8;
+
+pub fn data_type(desc: &TensorDesc) -> Result<DataType> {
+    DataType::from_trt(desc.dtype).ok_or_else(|| {
+        Error::invalid(format!("unsupported tensor type {} (supported: kFLOAT=0, kHALF=1, kBF16=7)", desc.dtype))
+    })
+}
+
+/// Number of elements of a run-time tensor; every dimension must be known and non-negative.
+pub fn element_count(desc: &TensorDesc) -> Result<usize> {
+    let rank = usize::try_from(desc.nb_dims).ok().filter(|&r| r <= MAX_DIMS);
+    let Some(rank) = rank else {
+        return Err(Error::invalid(format!("tensor has an invalid number of dimensions {}", desc.nb_dims)));
+    };
+    desc.dims[..rank].iter().try_fold(1usize, |n, &d| {
+        usize::try_from(d)
+            .ok()
+            .and_then(|d| n.checked_mul(d))
+            .ok_or_else(|| Error::invalid(format!("tensor has an invalid shape {:?}", &desc.dims[..rank])))
+    })
+}
+
+#[cfg(test)]
+pub(crate) fn desc(dims: &[i64], dtype: i32) -> TensorDesc {
+    let mut d = [0i64; MAX_DIMS];
+    d[..dims.len()].copy_from_slice(dims);
+    TensorDesc { nb_dims: dims.len() as i32, dims: d, dtype, format: LINEAR }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn element_counts() {
+        assert_eq!(element_count(&desc(&[2, 3, 4096], 1)).unwrap(), 2 * 3 * 4096);
+        assert_eq!(element_count(&desc(&[], 1)).unwrap(), 1, "a scalar has one element");
+        assert_eq!(element_count(&desc(&[4, 0], 1)).unwrap(), 0);
+        assert!(element_count(&desc(&[-1, 8], 1)).is_err(), "unknown dims are not a run-time shape");
+        assert!(element_count(&desc(&[i64::MAX, 4], 1)).is_err(), "overflow is an error");
+        let mut bad = desc(&[1], 1);
+        bad.nb_dims = 9;
+        assert!(element_count(&bad).is_err());
+    }
+
+    #[test]
+    fn data_types() {
+        assert_eq!(data_type(&desc(&[1], 0)).unwrap(), DataType::Float);
+        assert_eq!(data_type(&desc(&[1], 1)).unwrap(), DataType::Half);
+        assert_eq!(data_type(&desc(&[1], 7)).unwrap(), DataType::Bf16);
+        for unsupported in [2, 3, 4, 5, 6, 8, 9, 10, 11, -1] {
+            assert!(data_type(&desc(&[1], unsupported)).is_err(), "type {unsupported}");
+        }
+    }
+}

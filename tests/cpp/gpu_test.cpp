@@ -1,0 +1,249 @@
+// GPU tests: skipped without a GPU, run on the H200 (tools/gpu/run_gpu_tests.sh). The plugin is
+// driven exactly as TensorRT drives it (enqueue on a stream with device buffers), the NCCL path
+// with a real one-rank communicator from the process's NCCL (EDGELLM_TEST_NCCL_LIBRARY or
+// libnccl.so.2), registered the Edge-LLM way.
+
+#include "library.h"
+
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <memory>
+#include <random>
+
+using namespace nvinfer1;
+
+namespace
+{
+bool haveGpu()
+{
+    int n = 0;
+    return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+#define REQUIRE_GPU()                                                                                                  \
+    if (!haveGpu())                                                                                                    \
+    GTEST_SKIP() << "no CUDA device"
+
+#define CUDA_OK(call) ASSERT_EQ((call), cudaSuccess) << #call
+
+struct PluginDeleter
+{
+    void operator()(IPluginV3* p) const { delete p; }
+};
+using PluginPtr = std::unique_ptr<IPluginV3, PluginDeleter>;
+
+PluginPtr makePlugin(int32_t tpSize)
+{
+    testlib::Fields f;
+    f.i32("tp_size", tpSize);
+    return PluginPtr(testlib::createPlugin(f));
+}
+
+size_t sizeOf(DataType t)
+{
+    return t == DataType::kFLOAT ? 4 : 2;
+}
+
+//! Random finite values as raw bits (exponent never all ones), any sign, zeros and denormals too.
+std::vector<uint8_t> randomTensor(size_t count, DataType t, uint32_t seed)
+{
+    std::mt19937 rng(seed);
+    std::vector<uint8_t> bytes(count * sizeOf(t));
+    for (size_t i = 0; i < count; ++i)
+    {
+        if (t == DataType::kFLOAT)
+        {
+            uint32_t v = rng();
+            if (((v >> 23) & 0xff) == 0xff)
+            {
+                v &= ~(1U << 30);
+            }
+            std::memcpy(&bytes[4 * i], &v, 4);
+        }
+        else
+        {
+            auto v = static_cast<uint16_t>(rng());
+            uint16_t const expMask = t == DataType::kHALF ? 0x7c00 : 0x7f80;
+            if ((v & expMask) == expMask)
+            {
+                v &= static_cast<uint16_t>(~0x4000);
+            }
+            std::memcpy(&bytes[2 * i], &v, 2);
+        }
+    }
+    return bytes;
+}
+
+struct DeviceBuffer
+{
+    void* ptr = nullptr;
+    explicit DeviceBuffer(size_t bytes) { cudaMalloc(&ptr, bytes); }
+    ~DeviceBuffer() { cudaFree(ptr); }
+};
+
+//! Runs one enqueue of `plugin` on `stream` with `input` and returns the output bytes.
+int32_t runEnqueue(IPluginV3* plugin, std::vector<int64_t> const& dims, DataType t, void const* in, void* out,
+    cudaStream_t stream)
+{
+    PluginTensorDesc d = testlib::tensor(dims, t);
+    void const* ins[1] = {in};
+    void* outs[1] = {out};
+    return testlib::views(plugin).runtime->enqueue(&d, &d, ins, outs, nullptr, stream);
+}
+
+// --- NCCL, loaded as Edge-LLM's runtime loads it -------------------------------------------------
+using ncclComm_t = void*;
+using AllReduceFn = int (*)(void const*, void*, size_t, int, int, void*, cudaStream_t);
+std::atomic<int> gNcclCalls{0};
+std::atomic<int> gLastDtype{-1};
+AllReduceFn gRealAllReduce = nullptr;
+
+//! Stands in for ncclAllReduce in the registry: counts calls and forwards to NCCL.
+int countingAllReduce(void const* s, void* r, size_t n, int dtype, int op, void* comm, cudaStream_t st)
+{
+    ++gNcclCalls;
+    gLastDtype = dtype;
+    return gRealAllReduce(s, r, n, dtype, op, comm, st);
+}
+
+void* loadNccl()
+{
+    char const* path = std::getenv("EDGELLM_TEST_NCCL_LIBRARY");
+    return dlopen(path != nullptr ? path : "libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
+}
+} // namespace
+
+TEST(Gpu, PassthroughCopiesTheInputForOneRank)
+{
+    REQUIRE_GPU();
+    PluginPtr p = makePlugin(1);
+    ASSERT_NE(p, nullptr);
+    cudaStream_t stream{};
+    CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    for (DataType t : {DataType::kFLOAT, DataType::kHALF, DataType::kBF16})
+    {
+        for (size_t count : {size_t{1}, size_t{4097}, size_t{3} * 4096})
+        {
+            auto host = randomTensor(count, t, static_cast<uint32_t>(count));
+            size_t const bytes = host.size();
+            DeviceBuffer in(bytes), out(bytes);
+            CUDA_OK(cudaMemcpy(in.ptr, host.data(), bytes, cudaMemcpyHostToDevice));
+            CUDA_OK(cudaMemset(out.ptr, 0xff, bytes));
+            ASSERT_EQ(runEnqueue(p.get(), {1, static_cast<int64_t>(count)}, t, in.ptr, out.ptr, stream), 0);
+            CUDA_OK(cudaStreamSynchronize(stream));
+            std::vector<uint8_t> got(bytes);
+            CUDA_OK(cudaMemcpy(got.data(), out.ptr, bytes, cudaMemcpyDeviceToHost));
+            EXPECT_EQ(got, host) << "type " << static_cast<int>(t) << " count " << count;
+            // In place is a no-op that leaves the data alone.
+            ASSERT_EQ(runEnqueue(p.get(), {static_cast<int64_t>(count)}, t, out.ptr, out.ptr, stream), 0);
+            CUDA_OK(cudaStreamSynchronize(stream));
+            CUDA_OK(cudaMemcpy(got.data(), out.ptr, bytes, cudaMemcpyDeviceToHost));
+            EXPECT_EQ(got, host);
+        }
+    }
+    CUDA_OK(cudaStreamDestroy(stream));
+}
+
+TEST(Gpu, PassthroughIsCapturedInACudaGraph)
+{
+    REQUIRE_GPU();
+    PluginPtr p = makePlugin(1);
+    cudaStream_t stream{};
+    CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    size_t const count = 8192;
+    DeviceBuffer in(count * 2), out(count * 2);
+    cudaGraph_t graph{};
+    CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    ASSERT_EQ(runEnqueue(p.get(), {static_cast<int64_t>(count)}, DataType::kHALF, in.ptr, out.ptr, stream), 0);
+    CUDA_OK(cudaStreamEndCapture(stream, &graph));
+    cudaGraphExec_t exec{};
+    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+    for (uint32_t replay = 0; replay < 5; ++replay)
+    {
+        auto host = randomTensor(count, DataType::kHALF, 100 + replay);
+        CUDA_OK(cudaMemcpy(in.ptr, host.data(), host.size(), cudaMemcpyHostToDevice));
+        CUDA_OK(cudaMemset(out.ptr, 0, host.size()));
+        CUDA_OK(cudaGraphLaunch(exec, stream));
+        CUDA_OK(cudaStreamSynchronize(stream));
+        std::vector<uint8_t> got(host.size());
+        CUDA_OK(cudaMemcpy(got.data(), out.ptr, got.size(), cudaMemcpyDeviceToHost));
+        EXPECT_EQ(got, host) << "replay " << replay;
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaStreamDestroy(stream);
+}
+
+TEST(Gpu, UnregisteredDeviceFailsCleanly)
+{
+    REQUIRE_GPU();
+    int device = 0;
+    CUDA_OK(cudaGetDevice(&device));
+    void* comm = testlib::symbol<void* (*) (int)>("_ZN11trt_edgellm7plugins20getNcclCommForDeviceEi")(device);
+    ASSERT_EQ(comm, nullptr) << "nothing may be registered for this test";
+    PluginPtr p = makePlugin(2);
+    DeviceBuffer in(4096 * 2), out(4096 * 2);
+    CUDA_OK(cudaMemset(out.ptr, 0x7f, 4096 * 2));
+    EXPECT_EQ(runEnqueue(p.get(), {1, 4096}, DataType::kHALF, in.ptr, out.ptr, nullptr), -1);
+    CUDA_OK(cudaDeviceSynchronize());
+    uint16_t first = 0;
+    CUDA_OK(cudaMemcpy(&first, out.ptr, 2, cudaMemcpyDeviceToHost));
+    EXPECT_EQ(first, 0x7f7f) << "a failed enqueue writes nothing";
+}
+
+TEST(Gpu, NcclOneRankCommunicatorForEveryType)
+{
+    REQUIRE_GPU();
+    void* nccl = loadNccl();
+    if (nccl == nullptr)
+    {
+        GTEST_SKIP() << "no NCCL library (set EDGELLM_TEST_NCCL_LIBRARY)";
+    }
+    using InitAll = int (*)(ncclComm_t*, int, int const*);
+    using Destroy = int (*)(ncclComm_t);
+    auto initAll = reinterpret_cast<InitAll>(dlsym(nccl, "ncclCommInitAll"));
+    auto destroy = reinterpret_cast<Destroy>(dlsym(nccl, "ncclCommDestroy"));
+    gRealAllReduce = reinterpret_cast<AllReduceFn>(dlsym(nccl, "ncclAllReduce"));
+    ASSERT_TRUE(initAll && destroy && gRealAllReduce);
+    int device = 0;
+    CUDA_OK(cudaGetDevice(&device));
+    ncclComm_t comm = nullptr;
+    ASSERT_EQ(initAll(&comm, 1, &device), 0);
+    auto reg = testlib::symbol<bool (*)(int, void*, void*)>("edgellmRegisterNcclCommForAllReducePlugin");
+    auto unreg = testlib::symbol<bool (*)(int, void*)>("edgellmUnregisterNcclCommForAllReducePlugin");
+    ASSERT_TRUE(reg(device, comm, reinterpret_cast<void*>(&countingAllReduce)));
+
+    PluginPtr p = makePlugin(2);
+    cudaStream_t stream{};
+    CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    struct Case
+    {
+        DataType type;
+        int ncclCode;
+    };
+    for (Case c : {Case{DataType::kHALF, 6}, Case{DataType::kFLOAT, 7}, Case{DataType::kBF16, 9}})
+    {
+        size_t const count = 3 * 4096 + 5;
+        auto host = randomTensor(count, c.type, 7 + c.ncclCode);
+        DeviceBuffer in(host.size()), out(host.size());
+        CUDA_OK(cudaMemcpy(in.ptr, host.data(), host.size(), cudaMemcpyHostToDevice));
+        CUDA_OK(cudaMemset(out.ptr, 0xff, host.size()));
+        int const before = gNcclCalls;
+        ASSERT_EQ(runEnqueue(p.get(), {static_cast<int64_t>(count)}, c.type, in.ptr, out.ptr, stream), 0);
+        CUDA_OK(cudaStreamSynchronize(stream));
+        EXPECT_EQ(gNcclCalls - before, 1) << "enqueue went through the registered ncclAllReduce";
+        EXPECT_EQ(gLastDtype, c.ncclCode);
+        std::vector<uint8_t> got(host.size());
+        CUDA_OK(cudaMemcpy(got.data(), out.ptr, got.size(), cudaMemcpyDeviceToHost));
+        EXPECT_EQ(got, host) << "a one-rank sum is the input, type " << static_cast<int>(c.type);
+    }
+    EXPECT_TRUE(unreg(device, comm));
+    PluginPtr q = makePlugin(2);
+    DeviceBuffer in(64), out(64);
+    EXPECT_EQ(runEnqueue(q.get(), {32}, DataType::kHALF, in.ptr, out.ptr, stream), -1) << "unregistered again";
+    cudaStreamDestroy(stream);
+    destroy(comm);
+}

@@ -1,0 +1,756 @@
+// sim_ranks.cu: N simulated ranks on ONE GPU for the all-reduce kernels of kernels/.
+//
+// Each rank owns a zero-filled workspace (EAR_WORKSPACE_BYTES) and state block on the same
+// device; peer_ws[] holds all of them, so every cross-rank protocol runs for real (only
+// NVLink is replaced by local HBM). By default each rank's launch goes to its own
+// non-blocking stream, forked from and joined to an origin stream; grids are capped at
+// SMs / N so all ranks' CTAs are co-resident (the kernels spin on peers). --one-launch
+// instead runs all ranks in one launch (blockIdx.y = rank) for tools that serialize kernels.
+//
+// Checks, per case: every rank's output bit-identical to rank 0's and to the canonical fp32
+// rank-order sum (computed on the GPU from the generator); rank 0 within tolerance
+// of an fp64 reference (computed on the GPU from the input generator, spot-checked on the
+// CPU); no NaN left from the poisoned output; 256 guard bytes after the output untouched.
+// Then per-rank CUDA graphs (refresh inputs from a device counter + a mixed sequence of all-
+// reduces of different families/sizes/grids, some with PDL) replayed 1000 times with checks
+// every 100th replay, and graph-replay timings (informational).
+//
+// Usage: sim_ranks [--quick] [--one-launch] [--timeout SECONDS] [--no-timing]
+// Prints one line per case and "N passed, M failed"; exit code 0 only if all passed.
+#include <algorithm>
+#include <cstdarg>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <chrono>
+#include <vector>
+
+#include <cuda_runtime.h>
+
+#include "../../../kernels/lamport.cu"
+#include "../../../kernels/oneshot.cu"
+#include "../../../kernels/twoshot.cu"
+
+// ---------------------------------------------------------------------------------------
+// Plumbing
+
+static double g_timeout_s = 10.0;
+static std::string g_case = "setup";
+
+static void check_cuda(cudaError_t e, const char* what, int line) {
+  if (e != cudaSuccess) {
+    std::printf("CUDA error %s (%s) at line %d in case [%s]\n", cudaGetErrorString(e), what,
+                line, g_case.c_str());
+    std::fflush(stdout);
+    std::_Exit(2);
+  }
+}
+#define CK(x) check_cuda((x), #x, __LINE__)
+
+// Watchdog: a deadlock (or a kernel far too slow) prints the case and exits non-zero.
+static void wait_stream(cudaStream_t s) {
+  auto t0 = std::chrono::steady_clock::now();
+  for (;;) {
+    cudaError_t e = cudaStreamQuery(s);
+    if (e == cudaSuccess) return;
+    if (e != cudaErrorNotReady) CK(e);
+    double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (dt > g_timeout_s) {
+      std::printf("HANG: no completion after %.0f s in case [%s]\n", g_timeout_s,
+                  g_case.c_str());
+      std::fflush(stdout);
+      std::_Exit(3);
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
+enum Fam { ONESHOT = 0, TWOSHOT = 1, LAMPORT = 2 };
+enum Dt { F32 = 0, F16 = 1, BF16 = 2 };
+static const char* kFamName[] = {"oneshot", "twoshot", "lamport"};
+static const char* kDtName[] = {"f32", "f16", "bf16"};
+static const int kElemSize[] = {4, 2, 2};
+static const double kTol[] = {1e-5, 2e-3, 1e-2};  // relative to sum_r |x_r|
+
+// ---------------------------------------------------------------------------------------
+// Kernel tables
+
+static int n_index(int n) {
+  switch (n) {
+    case 2: return 0;
+    case 4: return 1;
+    case 6: return 2;
+    case 8: return 3;
+    case 16: return 4;
+  }
+  std::printf("unsupported N=%d\n", n);
+  std::_Exit(2);
+}
+
+#define EAR_ROW(fam, t) \
+  {(const void*)ear_##fam##_##t##_n2, (const void*)ear_##fam##_##t##_n4, \
+   (const void*)ear_##fam##_##t##_n6, (const void*)ear_##fam##_##t##_n8, \
+   (const void*)ear_##fam##_##t##_n16}
+static const void* kKernels[3][3][5] = {
+    {EAR_ROW(oneshot, f32), EAR_ROW(oneshot, f16), EAR_ROW(oneshot, bf16)},
+    {EAR_ROW(twoshot, f32), EAR_ROW(twoshot, f16), EAR_ROW(twoshot, bf16)},
+    {EAR_ROW(lamport, f32), EAR_ROW(lamport, f16), EAR_ROW(lamport, bf16)},
+};
+
+// All ranks in one launch: blockIdx.y is the rank, params come from device memory.
+template <typename T, int N, int FAM>
+__global__ void __launch_bounds__(EAR_BLOCK_THREADS, 1)
+    sim_all_ranks(const EarAllReduceParams* __restrict__ ps) {
+  const EarAllReduceParams& p = ps[blockIdx.y];
+  if constexpr (FAM == ONESHOT) ear::oneshot_body<T, N>(p);
+  if constexpr (FAM == TWOSHOT) ear::twoshot_body<T, N>(p);
+  if constexpr (FAM == LAMPORT) ear::lamport_body<T, N>(p);
+}
+#define SIM_ROW(F, T) \
+  {(const void*)sim_all_ranks<T, 2, F>, (const void*)sim_all_ranks<T, 4, F>, \
+   (const void*)sim_all_ranks<T, 6, F>, (const void*)sim_all_ranks<T, 8, F>, \
+   (const void*)sim_all_ranks<T, 16, F>}
+static const void* kSimKernels[3][3][5] = {
+    {SIM_ROW(ONESHOT, float), SIM_ROW(ONESHOT, __half), SIM_ROW(ONESHOT, __nv_bfloat16)},
+    {SIM_ROW(TWOSHOT, float), SIM_ROW(TWOSHOT, __half), SIM_ROW(TWOSHOT, __nv_bfloat16)},
+    {SIM_ROW(LAMPORT, float), SIM_ROW(LAMPORT, __half), SIM_ROW(LAMPORT, __nv_bfloat16)},
+};
+
+// ---------------------------------------------------------------------------------------
+// Inputs: bit patterns from a hash of (seed, rank, index). Values are +-[2^-4, 2^4) with
+// random mantissas, plus 1/32 signed zeros (exercises the Lamport sentinel rewrite).
+
+__host__ __device__ inline uint64_t mix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+__host__ __device__ inline uint32_t gen_bits(uint64_t seed, int rank, uint64_t idx, int dt) {
+  const uint64_t h = mix64(mix64(seed * 131u + static_cast<uint64_t>(rank)) ^ idx);
+  const bool zero = (h >> 59) == 0;
+  const uint32_t sign = static_cast<uint32_t>(h >> 58) & 1u;
+  const uint32_t e = static_cast<uint32_t>(h >> 52) & 7u;
+  if (dt == F32)
+    return (sign << 31) | (zero ? 0u : (((123u + e) << 23) | static_cast<uint32_t>(h & 0x7FFFFFu)));
+  if (dt == F16)
+    return (sign << 15) | (zero ? 0u : (((11u + e) << 10) | static_cast<uint32_t>(h & 0x3FFu)));
+  return (sign << 15) | (zero ? 0u : (((123u + e) << 7) | static_cast<uint32_t>(h & 0x7Fu)));
+}
+__host__ __device__ inline double decode(uint32_t bits, int dt) {
+  if (dt == F16) {
+    const int s = (bits >> 15) & 1, ex = (bits >> 10) & 31, man = bits & 1023;
+    double v;
+    if (ex == 31) v = man ? NAN : INFINITY;
+    else if (ex == 0) v = ldexp(static_cast<double>(man), -24);
+    else v = ldexp(1.0 + man / 1024.0, ex - 15);
+    return s ? -v : v;
+  }
+  union {
+    uint32_t u;
+    float f;
+  } c;
+  c.u = dt == F32 ? bits : (bits << 16);
+  return static_cast<double>(c.f);
+}
+__device__ inline uint32_t load_bits(const void* p, uint64_t i, int dt) {
+  return dt == F32 ? static_cast<const uint32_t*>(p)[i] : static_cast<const uint16_t*>(p)[i];
+}
+
+__global__ void gen_kernel(void* buf, uint64_t count, int dt, uint64_t seed, int rank) {
+  for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < count;
+       i += (uint64_t)gridDim.x * blockDim.x) {
+    const uint32_t b = gen_bits(seed, rank, i, dt);
+    if (dt == F32) static_cast<uint32_t*>(buf)[i] = b;
+    else static_cast<uint16_t*>(buf)[i] = static_cast<uint16_t>(b);
+  }
+}
+// Graph refresh: seed = *ctr * 1000 + salt, ctr advanced by bump_kernel at the graph's end.
+__global__ void gen_from_counter(void* buf, uint64_t count, int dt, const uint64_t* ctr,
+                                 uint64_t salt, int rank) {
+  const uint64_t seed = *ctr * 1000u + salt;
+  for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < count;
+       i += (uint64_t)gridDim.x * blockDim.x) {
+    const uint32_t b = gen_bits(seed, rank, i, dt);
+    if (dt == F32) static_cast<uint32_t*>(buf)[i] = b;
+    else static_cast<uint16_t*>(buf)[i] = static_cast<uint16_t>(b);
+  }
+}
+__global__ void bump_kernel(uint64_t* ctr) { *ctr += 1; }
+
+struct CheckResult {
+  unsigned mismatches;  // elements where some rank differs from rank 0 (bitwise)
+  unsigned nonfinite;   // NaN/Inf in rank 0's output (poison left or overflow)
+  unsigned guard_bad;   // guard bytes written
+  unsigned max_err;     // float bits of the max relative error (non-negative floats sort as ints)
+  unsigned not_canon;   // rank 0 differs from the fp32 sum in rank order 0..N-1 rounded once
+};
+struct OutPtrs {
+  const void* p[EAR_MAX_RANKS];
+};
+
+__global__ void check_kernel(OutPtrs outs, int n, uint64_t count, int dt, uint64_t seed,
+                             CheckResult* res) {
+  float worst = 0.0f;
+  for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < count;
+       i += (uint64_t)gridDim.x * blockDim.x) {
+    const uint32_t b0 = load_bits(outs.p[0], i, dt);
+    for (int r = 1; r < n; ++r)
+      if (load_bits(outs.p[r], i, dt) != b0) {
+        atomicAdd(&res->mismatches, 1u);
+        break;
+      }
+    double ref = 0.0, mag = 0.0;
+    for (int r = 0; r < n; ++r) {
+      const double x = decode(gen_bits(seed, r, i, dt), dt);
+      ref += x;
+      mag += fabs(x);
+    }
+    // The contract's exact result: fp32 accumulator from +0.0f, ranks 0..N-1, one rounding.
+    float acc = 0.0f;
+    for (int r = 0; r < n; ++r) acc += static_cast<float>(decode(gen_bits(seed, r, i, dt), dt));
+    const uint32_t canon = dt == F32   ? __float_as_uint(acc)
+                           : dt == F16 ? static_cast<uint32_t>(__half_as_ushort(__float2half_rn(acc)))
+                                       : static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(acc)));
+    if (canon != b0) atomicAdd(&res->not_canon, 1u);
+    const double got = decode(b0, dt);
+    if (!isfinite(got)) {
+      atomicAdd(&res->nonfinite, 1u);
+      continue;
+    }
+    const double err = fabs(got - ref) / fmax(mag, 1e-30);
+    worst = fmaxf(worst, static_cast<float>(err));
+  }
+  for (int o = 16; o > 0; o >>= 1) worst = fmaxf(worst, __shfl_xor_sync(0xffffffffu, worst, o));
+  if ((threadIdx.x & 31) == 0 && worst > 0.0f) atomicMax(&res->max_err, __float_as_uint(worst));
+  // Guard: the 256 bytes after the output must keep the 0xFF poison.
+  if (blockIdx.x == 0 && threadIdx.x < 256) {
+    const uint64_t off = count * (dt == F32 ? 4 : 2) + threadIdx.x;
+    for (int r = 0; r < n; ++r)
+      if (static_cast<const uint8_t*>(outs.p[r])[off] != 0xFFu) atomicAdd(&res->guard_bad, 1u);
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Simulated communicator
+
+constexpr uint64_t kGuard = 256;
+
+struct Sim {
+  int n = 0;
+  int sms = 0;
+  bool one_launch = false;
+  uint64_t ws_max = 0;   // max message bytes the workspaces serve
+  uint64_t buf_max = 0;  // bytes of each in/out buffer (without guard)
+  cudaStream_t origin{};
+  cudaStream_t st[EAR_MAX_RANKS]{};
+  cudaEvent_t fork{}, join[EAR_MAX_RANKS]{}, t0{}, t1{};
+  void* ws[EAR_MAX_RANKS]{};
+  void* state[EAR_MAX_RANKS]{};
+  void* in[EAR_MAX_RANKS]{};
+  void* out[EAR_MAX_RANKS]{};
+  EarAllReduceParams* dparams = nullptr;  // one-launch mode: pool of N-param sets
+  int pool_slots = 0, pool_next = 0;
+  CheckResult* dres = nullptr;
+
+  void init(int nranks, uint64_t ws_max_bytes, uint64_t buf_bytes, bool one) {
+    n = nranks;
+    one_launch = one;
+    ws_max = ws_max_bytes;
+    buf_max = buf_bytes;
+    int dev = 0;
+    CK(cudaGetDevice(&dev));
+    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    CK(cudaStreamCreateWithFlags(&origin, cudaStreamNonBlocking));
+    CK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+    CK(cudaEventCreate(&t0));
+    CK(cudaEventCreate(&t1));
+    const uint64_t wsb = EAR_WORKSPACE_BYTES(ws_max, n);
+    for (int r = 0; r < n; ++r) {
+      CK(cudaStreamCreateWithFlags(&st[r], cudaStreamNonBlocking));
+      CK(cudaEventCreateWithFlags(&join[r], cudaEventDisableTiming));
+      CK(cudaMalloc(&ws[r], wsb));
+      CK(cudaMemset(ws[r], 0, wsb));
+      CK(cudaMalloc(&state[r], EAR_STATE_BYTES));
+      CK(cudaMemset(state[r], 0, EAR_STATE_BYTES));
+      CK(cudaMalloc(&in[r], buf_max + kGuard));
+      CK(cudaMalloc(&out[r], buf_max + kGuard));
+    }
+    pool_slots = 4096;
+    CK(cudaMalloc(&dparams, sizeof(EarAllReduceParams) * EAR_MAX_RANKS * pool_slots));
+    CK(cudaMalloc(&dres, sizeof(CheckResult)));
+    CK(cudaDeviceSynchronize());
+  }
+  void destroy() {
+    CK(cudaDeviceSynchronize());
+    for (int r = 0; r < n; ++r) {
+      CK(cudaFree(ws[r]));
+      CK(cudaFree(state[r]));
+      CK(cudaFree(in[r]));
+      CK(cudaFree(out[r]));
+      CK(cudaStreamDestroy(st[r]));
+      CK(cudaEventDestroy(join[r]));
+    }
+    CK(cudaFree(dparams));
+    CK(cudaFree(dres));
+    CK(cudaStreamDestroy(origin));
+    CK(cudaEventDestroy(fork));
+    CK(cudaEventDestroy(t0));
+    CK(cudaEventDestroy(t1));
+  }
+  // Largest grid that keeps all N grids co-resident (one 512-thread CTA per SM assumed).
+  int grid_cap() const { return std::max(1, std::min(EAR_MAX_BLOCKS, sms / n)); }
+  uint64_t max_msg(int fam) const {
+    return fam == LAMPORT ? EAR_LAMPORT_MAX_MSG(ws_max) : ws_max;
+  }
+  int grid_rule(int fam, int dt, uint64_t count) const {
+    const uint64_t vecs = EAR_CEIL_DIV(count * kElemSize[dt], EAR_VEC_BYTES);
+    const uint64_t work = fam == TWOSHOT ? EAR_CEIL_DIV(vecs, n) : vecs;
+    return static_cast<int>(EAR_GRID(work, grid_cap()));
+  }
+
+  EarAllReduceParams params(int r, const void* input, void* output, uint64_t count) const {
+    EarAllReduceParams p;
+    std::memset(&p, 0, sizeof(p));
+    for (int q = 0; q < n; ++q) p.peer_ws[q] = ws[q];
+    p.state = state[r];
+    p.input = input;
+    p.output = output;
+    p.count = count;
+    p.ws_max_bytes = ws_max;
+    p.rank = r;
+    p.nranks = n;
+    return p;
+  }
+
+  // One all-reduce call on every rank. Stream mode, !per_rank: fork from / join to origin.
+  // per_rank (graph capture of each rank's stream): launches on st[r] only.
+  // One-launch mode: one launch on `one_stream` with params uploaded beforehand (upload()).
+  struct Call {
+    int fam, dt;
+    uint64_t count;
+    int grid;
+    bool pdl;
+    bool inplace;
+    const EarAllReduceParams* dp;  // one-launch: device params (from upload)
+  };
+  const EarAllReduceParams* upload(const Call& c) {
+    std::vector<EarAllReduceParams> ps(n);
+    for (int r = 0; r < n; ++r) ps[r] = params(r, c.inplace ? out[r] : in[r], out[r], c.count);
+    EarAllReduceParams* slot = dparams + static_cast<size_t>(pool_next) * EAR_MAX_RANKS;
+    pool_next = (pool_next + 1) % pool_slots;
+    CK(cudaMemcpy(slot, ps.data(), sizeof(EarAllReduceParams) * n, cudaMemcpyHostToDevice));
+    return slot;
+  }
+  void launch_rank(const Call& c, int r, cudaStream_t s) {
+    EarAllReduceParams p = params(r, c.inplace ? out[r] : in[r], out[r], c.count);
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(c.grid);
+    cfg.blockDim = dim3(EAR_BLOCK_THREADS);
+    cfg.stream = s;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = c.pdl ? 1 : 0;
+    void* args[] = {&p};
+    CK(cudaLaunchKernelExC(&cfg, kKernels[c.fam][c.dt][n_index(n)], args));
+  }
+  void launch_one(const Call& c, cudaStream_t s) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(c.grid, n);
+    cfg.blockDim = dim3(EAR_BLOCK_THREADS);
+    cfg.stream = s;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = c.pdl ? 1 : 0;
+    const EarAllReduceParams* dp = c.dp;
+    void* args[] = {&dp};
+    CK(cudaLaunchKernelExC(&cfg, kSimKernels[c.fam][c.dt][n_index(n)], args));
+  }
+  void fork_ranks() {
+    CK(cudaEventRecord(fork, origin));
+    for (int r = 0; r < n; ++r) CK(cudaStreamWaitEvent(st[r], fork, 0));
+  }
+  void join_ranks() {
+    for (int r = 0; r < n; ++r) {
+      CK(cudaEventRecord(join[r], st[r]));
+      CK(cudaStreamWaitEvent(origin, join[r], 0));
+    }
+  }
+  void allreduce(Call c) {
+    if (one_launch) {
+      if (!c.dp) c.dp = upload(c);
+      launch_one(c, origin);
+      return;
+    }
+    fork_ranks();
+    for (int r = 0; r < n; ++r) launch_rank(c, r, st[r]);
+    join_ranks();
+  }
+
+  CheckResult check(int dt, uint64_t count, uint64_t seed) {
+    CK(cudaMemsetAsync(dres, 0, sizeof(CheckResult), origin));
+    OutPtrs o{};
+    for (int r = 0; r < n; ++r) o.p[r] = out[r];
+    const int blocks = static_cast<int>(std::min<uint64_t>(1024, (count + 255) / 256));
+    check_kernel<<<std::max(blocks, 1), 256, 0, origin>>>(o, n, count, dt, seed, dres);
+    CK(cudaGetLastError());
+    CheckResult h{};
+    CK(cudaMemcpyAsync(&h, dres, sizeof(h), cudaMemcpyDeviceToHost, origin));
+    wait_stream(origin);
+    return h;
+  }
+  // CPU fp64 spot check of rank 0's output at a few indices (validates the GPU reference).
+  int cpu_spot_check(int dt, uint64_t count, uint64_t seed, uint64_t salt) {
+    const int es = kElemSize[dt];
+    int bad = 0;
+    for (int k = 0; k < 48; ++k) {
+      uint64_t i = k < 8 ? (k < 4 ? k : count - 1 - (k - 4)) : mix64(salt + k) % count;
+      if (i >= count) continue;
+      uint32_t bits = 0;
+      CK(cudaMemcpy(&bits, static_cast<char*>(out[0]) + i * es, es, cudaMemcpyDeviceToHost));
+      double ref = 0, mag = 0;
+      for (int r = 0; r < n; ++r) {
+        double x = decode(gen_bits(seed, r, i, dt), dt);
+        ref += x;
+        mag += std::fabs(x);
+      }
+      double got = decode(bits, dt);
+      if (!(std::fabs(got - ref) <= kTol[dt] * std::max(mag, 1e-30))) ++bad;
+    }
+    return bad;
+  }
+};
+
+// ---------------------------------------------------------------------------------------
+// Tests
+
+static int g_pass = 0, g_fail = 0;
+
+static void report(bool ok, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
+static void report(bool ok, const char* fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  std::printf("%s ", ok ? "PASS" : "FAIL");
+  std::vprintf(fmt, ap);
+  std::printf("\n");
+  va_end(ap);
+  std::fflush(stdout);
+  (ok ? g_pass : g_fail)++;
+}
+
+static bool evaluate(const CheckResult& h, int cpu_bad, int dt, float* err_out) {
+  float err;
+  std::memcpy(&err, &h.max_err, sizeof(err));
+  *err_out = err;
+  return h.mismatches == 0 && h.nonfinite == 0 && h.guard_bad == 0 && h.not_canon == 0 &&
+         cpu_bad == 0 && err <= kTol[dt];
+}
+
+static void run_case(Sim& s, int fam, int dt, uint64_t count, bool inplace, int grid, bool pdl,
+                     uint64_t seed) {
+  char name[256];
+  std::snprintf(name, sizeof(name), "%s %s n%d count=%llu (%llu B) %s grid=%d%s", kFamName[fam],
+                kDtName[dt], s.n, (unsigned long long)count,
+                (unsigned long long)(count * kElemSize[dt]), inplace ? "inplace" : "outofplace",
+                grid, pdl ? " pdl" : "");
+  g_case = name;
+  const uint64_t bytes = count * kElemSize[dt];
+  for (int r = 0; r < s.n; ++r) {
+    // Poison the whole output (NaN in every dtype) and its guard, then write inputs.
+    CK(cudaMemsetAsync(s.out[r], 0xFF, bytes + kGuard, s.origin));
+    void* dst = inplace ? s.out[r] : s.in[r];
+    const int blocks = static_cast<int>(std::min<uint64_t>(2048, (count + 255) / 256));
+    gen_kernel<<<blocks, 256, 0, s.origin>>>(dst, count, dt, seed, r);
+    CK(cudaGetLastError());
+  }
+  Sim::Call c{fam, dt, count, grid, pdl, inplace, nullptr};
+  s.allreduce(c);
+  wait_stream(s.origin);
+  CK(cudaGetLastError());
+  const CheckResult h = s.check(dt, count, seed);
+  const int cpu_bad = s.cpu_spot_check(dt, count, seed, seed);
+  float err;
+  const bool ok = evaluate(h, cpu_bad, dt, &err);
+  report(ok, "%s max_rel_err=%.3g mismatches=%u not_canonical=%u nonfinite=%u guard=%u cpu_bad=%d",
+         name, err, h.mismatches, h.not_canon, h.nonfinite, h.guard_bad, cpu_bad);
+}
+
+// Per-rank CUDA graphs: refresh inputs from a device counter, then a mixed sequence of
+// all-reduces (families, sizes, grids, PDL, in place) back to back, then bump the counter.
+// Replayed `replays` times without host sync, checked every 100th replay and the last.
+static void graph_test(Sim& s, int dt, int replays) {
+  struct GCall {
+    int fam;
+    uint64_t count;
+    int grid;  // 0: rule
+    bool pdl, inplace;
+  };
+  const uint64_t big = std::min<uint64_t>((1u << 20) + 3, s.ws_max / kElemSize[dt]);
+  const uint64_t mid = std::min<uint64_t>(65536 + 7, EAR_LAMPORT_MAX_MSG(s.ws_max) / kElemSize[dt]);
+  std::vector<GCall> calls = {
+      {LAMPORT, 4097, 0, false, false}, {TWOSHOT, big, 0, true, false},
+      {ONESHOT, 1000, 1, true, true},   {LAMPORT, mid, 0, true, false},
+      {ONESHOT, big, 0, false, false},  {TWOSHOT, 7, 1, true, true},
+      {LAMPORT, 1, 1, true, true},
+  };
+  // Each call gets its own slice of the in/out buffers so all results survive the replay.
+  std::vector<uint64_t> off(calls.size());
+  uint64_t used = 0;
+  for (size_t k = 0; k < calls.size(); ++k) {
+    off[k] = used;
+    used += EAR_ROUND_UP(calls[k].count * kElemSize[dt] + kGuard, 256);
+  }
+  if (used > s.buf_max) {
+    std::printf("graph test buffers too small\n");
+    std::_Exit(2);
+  }
+  char name[160];
+  std::snprintf(name, sizeof(name), "graph %s n%d %zu calls x %d replays%s", kDtName[dt], s.n,
+                calls.size(), replays, s.one_launch ? " one-launch" : "");
+  g_case = name;
+
+  uint64_t* ctr = nullptr;
+  CK(cudaMalloc(&ctr, sizeof(uint64_t) * EAR_MAX_RANKS));
+  CK(cudaMemset(ctr, 0, sizeof(uint64_t) * EAR_MAX_RANKS));
+  // Poison the guards once; the graph never writes them.
+  for (int r = 0; r < s.n; ++r)
+    for (size_t k = 0; k < calls.size(); ++k)
+      CK(cudaMemset(static_cast<char*>(s.out[r]) + off[k] + calls[k].count * kElemSize[dt],
+                    0xFF, kGuard));
+
+  auto call_for = [&](size_t k) {
+    Sim::Call c{calls[k].fam, dt, calls[k].count,
+                calls[k].grid ? calls[k].grid : s.grid_rule(calls[k].fam, dt, calls[k].count),
+                calls[k].pdl, calls[k].inplace, nullptr};
+    return c;
+  };
+  // Buffers of call k: offset views into in/out.
+  auto with_slices = [&](size_t k, auto&& fn) {
+    void* in0[EAR_MAX_RANKS];
+    void* out0[EAR_MAX_RANKS];
+    for (int r = 0; r < s.n; ++r) {
+      in0[r] = s.in[r];
+      out0[r] = s.out[r];
+      s.in[r] = static_cast<char*>(s.in[r]) + off[k];
+      s.out[r] = static_cast<char*>(s.out[r]) + off[k];
+    }
+    fn();
+    for (int r = 0; r < s.n; ++r) {
+      s.in[r] = in0[r];
+      s.out[r] = out0[r];
+    }
+  };
+  auto refresh = [&](int r, cudaStream_t stream) {
+    for (size_t k = 0; k < calls.size(); ++k) {
+      void* dst = static_cast<char*>(calls[k].inplace ? s.out[r] : s.in[r]) + off[k];
+      const int blocks = static_cast<int>(std::min<uint64_t>(1024, (calls[k].count + 255) / 256));
+      gen_from_counter<<<blocks, 256, 0, stream>>>(dst, calls[k].count, dt, ctr + r, k, r);
+      CK(cudaGetLastError());
+    }
+  };
+
+  std::vector<cudaGraphExec_t> execs;
+  if (s.one_launch) {
+    std::vector<const EarAllReduceParams*> dps(calls.size());
+    for (size_t k = 0; k < calls.size(); ++k) with_slices(k, [&] { dps[k] = s.upload(call_for(k)); });
+    cudaGraph_t g;
+    CK(cudaStreamBeginCapture(s.origin, cudaStreamCaptureModeThreadLocal));
+    for (int r = 0; r < s.n; ++r) refresh(r, s.origin);
+    for (size_t k = 0; k < calls.size(); ++k) {
+      Sim::Call c = call_for(k);
+      c.dp = dps[k];
+      s.launch_one(c, s.origin);
+    }
+    for (int r = 0; r < s.n; ++r) bump_kernel<<<1, 1, 0, s.origin>>>(ctr + r);
+    CK(cudaStreamEndCapture(s.origin, &g));
+    cudaGraphExec_t e;
+    CK(cudaGraphInstantiate(&e, g, 0));
+    CK(cudaGraphDestroy(g));
+    execs.push_back(e);
+  } else {
+    for (int r = 0; r < s.n; ++r) {
+      cudaGraph_t g;
+      CK(cudaStreamBeginCapture(s.st[r], cudaStreamCaptureModeThreadLocal));
+      refresh(r, s.st[r]);
+      for (size_t k = 0; k < calls.size(); ++k)
+        with_slices(k, [&] { s.launch_rank(call_for(k), r, s.st[r]); });
+      bump_kernel<<<1, 1, 0, s.st[r]>>>(ctr + r);
+      CK(cudaStreamEndCapture(s.st[r], &g));
+      cudaGraphExec_t e;
+      CK(cudaGraphInstantiate(&e, g, 0));
+      CK(cudaGraphDestroy(g));
+      execs.push_back(e);
+    }
+  }
+
+  bool ok = true;
+  float worst = 0.0f;
+  unsigned mism = 0, nonf = 0, guard = 0;
+  int checks = 0;
+  CK(cudaDeviceSynchronize());
+  for (int it = 0; it < replays && ok; ++it) {
+    // No fork/join between replays: each rank's stream runs its replays back to back, so a
+    // fast rank can run ahead of a slow one as far as the protocols allow.
+    if (s.one_launch) {
+      CK(cudaGraphLaunch(execs[0], s.origin));
+    } else {
+      for (int r = 0; r < s.n; ++r) CK(cudaGraphLaunch(execs[r], s.st[r]));
+    }
+    if (it % 100 == 99 || it == replays - 1) {
+      if (!s.one_launch) s.join_ranks();
+      wait_stream(s.origin);
+      ++checks;
+      for (size_t k = 0; k < calls.size(); ++k) {
+        with_slices(k, [&] {
+          const uint64_t seed = static_cast<uint64_t>(it) * 1000u + k;
+          const CheckResult h = s.check(dt, calls[k].count, seed);
+          const int cpu_bad = s.cpu_spot_check(dt, calls[k].count, seed, seed + 7);
+          float err;
+          if (!evaluate(h, cpu_bad, dt, &err)) {
+            ok = false;
+            std::printf("  replay %d call %zu (%s count=%llu) wrong: err=%.3g mism=%u not_canonical=%u nonfinite=%u guard=%u cpu_bad=%d\n",
+                        it, k, kFamName[calls[k].fam], (unsigned long long)calls[k].count, err,
+                        h.mismatches, h.not_canon, h.nonfinite, h.guard_bad, cpu_bad);
+          }
+          worst = std::max(worst, err);
+          mism += h.mismatches + h.not_canon;
+          nonf += h.nonfinite;
+          guard += h.guard_bad;
+        });
+      }
+    }
+  }
+  report(ok, "%s checks=%d max_rel_err=%.3g mismatches=%u nonfinite=%u guard=%u", name, checks,
+         worst, mism, nonf, guard);
+  for (auto e : execs) CK(cudaGraphExecDestroy(e));
+  CK(cudaFree(ctr));
+}
+
+// Graph-replay timing (informational: N ranks share one GPU's HBM and SMs, no NVLink).
+static void time_case(Sim& s, int fam, int dt, uint64_t bytes) {
+  const uint64_t count = bytes / kElemSize[dt];
+  if (bytes > s.max_msg(fam) || bytes > s.buf_max) return;
+  char name[160];
+  std::snprintf(name, sizeof(name), "time %s %s n%d %llu B", kFamName[fam], kDtName[dt], s.n,
+                (unsigned long long)bytes);
+  g_case = name;
+  const int per_graph = bytes >= (16u << 20) ? 4 : 10;
+  const int replays = bytes >= (16u << 20) ? 5 : 25;
+  Sim::Call c{fam, dt, count, s.grid_rule(fam, dt, count), true, false, nullptr};
+  std::vector<cudaGraphExec_t> execs;
+  if (s.one_launch) {
+    c.dp = s.upload(c);
+    cudaGraph_t g;
+    CK(cudaStreamBeginCapture(s.origin, cudaStreamCaptureModeThreadLocal));
+    for (int k = 0; k < per_graph; ++k) s.launch_one(c, s.origin);
+    CK(cudaStreamEndCapture(s.origin, &g));
+    cudaGraphExec_t e;
+    CK(cudaGraphInstantiate(&e, g, 0));
+    CK(cudaGraphDestroy(g));
+    execs.push_back(e);
+  } else {
+    for (int r = 0; r < s.n; ++r) {
+      cudaGraph_t g;
+      CK(cudaStreamBeginCapture(s.st[r], cudaStreamCaptureModeThreadLocal));
+      for (int k = 0; k < per_graph; ++k) s.launch_rank(c, r, s.st[r]);
+      CK(cudaStreamEndCapture(s.st[r], &g));
+      cudaGraphExec_t e;
+      CK(cudaGraphInstantiate(&e, g, 0));
+      CK(cudaGraphDestroy(g));
+      execs.push_back(e);
+    }
+  }
+  std::vector<float> us;
+  for (int it = 0; it < replays + 2; ++it) {
+    CK(cudaEventRecord(s.t0, s.origin));
+    if (s.one_launch) {
+      CK(cudaGraphLaunch(execs[0], s.origin));
+    } else {
+      s.fork_ranks();
+      for (int r = 0; r < s.n; ++r) CK(cudaGraphLaunch(execs[r], s.st[r]));
+      s.join_ranks();
+    }
+    CK(cudaEventRecord(s.t1, s.origin));
+    wait_stream(s.origin);
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, s.t0, s.t1));
+    if (it >= 2) us.push_back(ms * 1000.0f / per_graph);  // first two: warm-up
+  }
+  std::sort(us.begin(), us.end());
+  std::printf("TIME %-8s %-4s n%-2d %9llu B  median %8.2f us per all-reduce (graph replay, %d ranks on one GPU)\n",
+              kFamName[fam], kDtName[dt], s.n, (unsigned long long)bytes, us[us.size() / 2], s.n);
+  std::fflush(stdout);
+  for (auto e : execs) CK(cudaGraphExecDestroy(e));
+}
+
+int main(int argc, char** argv) {
+  bool quick = false, one_launch = false, timing = true;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--quick")) quick = true;
+    else if (!std::strcmp(argv[i], "--one-launch")) one_launch = true;
+    else if (!std::strcmp(argv[i], "--no-timing")) timing = false;
+    else if (!std::strcmp(argv[i], "--timeout") && i + 1 < argc) g_timeout_s = std::atof(argv[++i]);
+    else {
+      std::printf("usage: %s [--quick] [--one-launch] [--timeout SECONDS] [--no-timing]\n", argv[0]);
+      return 2;
+    }
+  }
+  // Up to 16 rank streams must run concurrently: the default of 8 hardware queues would
+  // make two ranks share one queue, serialize their kernels and deadlock the spin-waits.
+  setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 1);
+  CK(cudaSetDevice(0));
+  cudaDeviceProp prop;
+  CK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device %s, %d SMs, mode %s%s\n", prop.name, prop.multiProcessorCount,
+              quick ? "quick" : "full", one_launch ? ", one launch for all ranks" : ", one stream per rank");
+
+  const std::vector<int> ns = quick ? std::vector<int>{2, 4} : std::vector<int>{2, 4, 6, 8, 16};
+  const std::vector<uint64_t> counts =
+      quick ? std::vector<uint64_t>{1, 7, 4097, 65539}
+            : std::vector<uint64_t>{1, 7, 8, 1000, 4097, 8192, 65539, 262144, (1u << 20) + 3,
+                                    4u << 20, 16u << 20};
+  const uint64_t ws_max = quick ? (1u << 20) : (64u << 20);
+  const int graph_replays = quick ? 200 : 1000;
+  uint64_t rng = 12345;
+
+  for (int n : ns) {
+    Sim s;
+    // Buffers also hold the graph test's slices (about 2 x 4 MiB + small ones).
+    s.init(n, ws_max, std::max<uint64_t>(ws_max, 12u << 20), one_launch);
+    if (s.grid_cap() * n > s.sms) {
+      std::printf("GPU too small for n=%d\n", n);
+      return 2;
+    }
+    int idx = 0;
+    for (int dt = 0; dt < 3; ++dt)
+      for (uint64_t count : counts)
+        for (int inplace = 0; inplace < 2; ++inplace)
+          for (int fam = 0; fam < 3; ++fam) {  // families interleaved: mixed call sequence
+            if (count * kElemSize[dt] > s.max_msg(fam)) continue;
+            rng = mix64(rng);
+            int grid = s.grid_rule(fam, dt, count);
+            if (rng % 3 == 0) grid = 1 + static_cast<int>((rng >> 8) % s.grid_cap());
+            run_case(s, fam, dt, count, inplace != 0, grid, (idx++ & 1) != 0, rng);
+          }
+    for (int dt = 0; dt < 3; ++dt) {
+      if (quick && dt != BF16) continue;
+      graph_test(s, dt, graph_replays);
+    }
+    if (timing && !quick && (n == 2 || n == 4 || n == 8)) {
+      for (int fam = 0; fam < 3; ++fam)
+        for (int dt = 0; dt < 3; ++dt)
+          for (uint64_t b : {uint64_t(8u << 10), uint64_t(1u << 20), uint64_t(64u << 20)})
+            time_case(s, fam, dt, b);
+    }
+    s.destroy();
+  }
+  std::printf("%d passed, %d failed\n", g_pass, g_fail);
+  return g_fail == 0 ? 0 : 1;
+}

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# One device call: the gtest suite, the kernel simulation (full), and compute-sanitizer on the
+# quick simulation. Expects .carry/ from tools/gpu/stage.sh (+ sim_ranks). Logs under $OUT.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-/tmp/edgellm-out}; mkdir -p "$OUT"
+export CUDA_DEVICE_MAX_CONNECTIONS=32 NCCL_NVLS_ENABLE=0
+echo "== gtest suite"
+tools/gpu/run_gpu_tests.sh .carry 2>&1 | tee "$OUT/gtest.txt"
+if [ -x .carry/sim_ranks ] && [ "${SKIP_SIM:-0}" != 1 ]; then
+  echo "== kernel simulation (full)"
+  timeout "${SIM_LIMIT:-300}" .carry/sim_ranks --timeout 20 ${SIM_ARGS:-} >"$OUT/sim_full.log" 2>&1
+  echo "rc=$?"; grep -E "FAIL|HANG|passed" "$OUT/sim_full.log" | head -20; grep -iE "median|us " "$OUT/sim_full.log" | tail -30
+  san=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -n1)
+  for tool in ${SAN_TOOLS:-memcheck racecheck}; do
+    echo "== compute-sanitizer --tool $tool (quick, one launch)"
+    timeout 150 "$san" --tool "$tool" --error-exitcode 9 .carry/sim_ranks --quick --one-launch --no-timing --timeout 120 \
+      >"$OUT/san_$tool.log" 2>&1
+    echo "rc=$?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|passed" "$OUT/san_$tool.log" | tail -3
+  done
+fi
