@@ -26,6 +26,9 @@ fn main() {
 
     compile_kernels(&root, &out, &toolchain);
     write_c_header(&root);
+    // The host half of the kernel contract (workspace layout, launch rule) from its own header.
+    cc::Build::new().file(root.join("kernels/layout.c")).include(root.join("kernels")).compile("edgellm_kernel_layout");
+    println!("cargo:rerun-if-changed=kernels/layout.c");
 
     let cpp: Vec<PathBuf> = sorted_files(&root.join("cpp"), "cpp");
     cxx_build::bridge("src/lib.rs")

@@ -30,6 +30,23 @@ bool edgellmUnregisterNcclCommForAllReducePlugin(int deviceId, void *ncclComm);
 // Returns true unless that registration failed.
 bool initEdgellmPlugins(void *logger, const char *libNamespace);
 
+// How many ranks the custom-kernel group of CUDA device `deviceId` has: 0 when the device has
+// none, and its all-reduces use NCCL. A group forms by itself when every rank of a registered
+// communicator is registered in this process (single-process multi-GPU).
+int edgellmAllReduceCustomRanks(int deviceId);
+
+// Sets up the custom-kernel workspaces of the communicator registered for `deviceId` again
+// (after edgellmAllReduceReleaseWorkspaces, or with new EDGELLM_ALLREDUCE_* settings). Needs
+// every rank of it registered in this process; does not block on other ranks. Returns whether
+// the device has a group afterwards.
+bool edgellmAllReduceSetupWorkspaces(int deviceId);
+
+// Releases the custom-kernel workspaces of the group `deviceId` belongs to (every rank of it
+// goes back to NCCL; the memory is freed once in-flight work is done). Call it on every rank's
+// device before tearing the runtime down if you do not unregister the communicators; unregister
+// does it too. Returns false when the device had no group.
+bool edgellmAllReduceReleaseWorkspaces(int deviceId);
+
 #ifdef __cplusplus
 }  // extern "C"
 #endif  // __cplusplus

@@ -152,4 +152,110 @@ _Static_assert(sizeof(EarAllReduceParams) == 176, "EarAllReduceParams must be 17
 _Static_assert(sizeof(void*) == 8, "64-bit targets only");
 #endif
 
+/* ---------------------------------------------------------------------------------------
+ * Fused all-reduce + residual (+ bias) + RMSNorm: kernels/fused_norm.cu (ADDITIONS ONLY:
+ * nothing above changes; the fused kernels use the same workspace regions, signal slots,
+ * state counters and launch contract as the plain families, see docs/KERNELS.md).
+ *
+ *   residual_out = round_T( ((((+0.0f + x_0) + x_1) + ... + x_{N-1}) + bias) + residual )
+ *   normed       = round_T( (float(residual_out) * s) * gamma ),
+ *                  s = 1.0f / sqrtf(sum_row(float(residual_out)^2) / hidden + eps)
+ * per token row, all in fp32; the norm reads the T-ROUNDED residual_out, so `normed` is a
+ * pure function of the stored residual_out.
+ *
+ * Kernels (all take EarFusedParams by value as the only argument):
+ *   ear_oneshot_norm_<t>_n<N>   one-shot (pull), 1 barrier, shares seq / banks / slots
+ *   ear_twoshot_norm_<t>_n<N>   two-shot (push RS + push AG), 2 barriers, shares seq
+ *   ear_lamport_norm_<t>_n<N>   Lamport one-shot (push), no barrier, shares lam_seq
+ *   ear_residual_rmsnorm_<t>    no ranks, no workspace (after an NCCL all-reduce):
+ *                               ar.input = x, ar.count = tokens*hidden, rest of ar ignored
+ *   t in {f32, f16, bf16}, N in {2, 4, 6, 8, 16}.
+ *
+ * Launch rule (host):
+ *   - block = EAR_FUSED_BLOCK(hidden, elem_size) threads (a multiple of 32 in [32, 512]);
+ *     any other block size traps. It depends only on (hidden, dtype), so it is identical on
+ *     every rank; the per-row sum of squares is reduced in a fixed order for that block size.
+ *   - grid  = EAR_FUSED_GRID(tokens, max_blocks): CTA b handles token rows b, b+grid, ...
+ *     Rank families: max_blocks in [1, EAR_MAX_BLOCKS]; any grid in [1, 64] is correct; the
+ *     grid, tokens, hidden, dtype and family must be IDENTICAL on every rank for the same
+ *     call, and plain and fused calls on one communicator form ONE call sequence that every
+ *     rank issues identically (they share the state counters). All CTAs of a call on all
+ *     ranks must be co-resident (grid <= SM count), as for the plain families.
+ *     ear_residual_rmsnorm_<t>: any grid >= 1 (no spinning, no co-residency needed).
+ *   - no dynamic shared memory; the PDL attribute is optional.
+ *   - x (= ar.input), residual, residual_out, normed, gamma, bias: 16-byte aligned. Rows are
+ *     moved as 16-byte vectors when hidden * elem_size % 16 == 0, element-wise otherwise.
+ *     residual_out may equal residual, normed may equal x; no other overlap. ar.output is
+ *     ignored. bias may be NULL (no bias). hidden >= 1, tokens >= 1, ar.count must equal
+ *     tokens * hidden. residual, bias, gamma and eps must be identical on every rank (the
+ *     two-shot computes each slice of residual_out on the rank that owns it).
+ *   - size: rows are staged with a pitch of EAR_FUSED_ROW_VECS 16-byte vectors, so
+ *       oneshot_norm: EAR_FUSED_ONESHOT_FITS(tokens, hidden, elem, m)
+ *       twoshot_norm: EAR_FUSED_TWOSHOT_FITS(tokens, hidden, elem, m, n)
+ *       lamport_norm: EAR_FUSED_LAMPORT_FITS(tokens, hidden, elem, m)
+ *     (for hidden * elem % 16 == 0 and 16-byte rows divisible by n these are exactly
+ *     tokens * hidden * elem <= m, resp. <= EAR_LAMPORT_MAX_MSG(m)). Violations, nranks !=
+ *     N, bad rank, grid > 64 (rank families) or a wrong block trap (sticky error).
+ * ---------------------------------------------------------------------------------------
+ */
+#define EAR_FUSED_MAX_THREADS 512
+/* 16-byte vectors per token row (the last one may be partial). */
+#define EAR_FUSED_ROW_VECS(hidden, elem) EAR_CEIL_DIV((uint64_t)(hidden) * (uint64_t)(elem), EAR_VEC_BYTES)
+/* Block: one thread per 16-byte vector of a row, rounded up to a warp, capped at 512
+ * (rows longer than 512 vectors take several vectors per thread). */
+#define EAR_FUSED_BLOCK(hidden, elem)                                                     \
+  ((uint32_t)(EAR_ROUND_UP(EAR_FUSED_ROW_VECS(hidden, elem), 32u) < 32u ? 32u             \
+              : EAR_ROUND_UP(EAR_FUSED_ROW_VECS(hidden, elem), 32u) > EAR_FUSED_MAX_THREADS \
+                  ? (uint64_t)EAR_FUSED_MAX_THREADS                                       \
+                  : EAR_ROUND_UP(EAR_FUSED_ROW_VECS(hidden, elem), 32u)))
+/* Grid: one CTA per token row, at most max_blocks (then rows are strided over CTAs). */
+#define EAR_FUSED_GRID(tokens, max_blocks)                                                \
+  ((uint32_t)((uint64_t)(tokens) < 1u ? 1u                                                \
+              : (uint64_t)(tokens) > (uint64_t)(max_blocks) ? (uint64_t)(max_blocks)      \
+                                                            : (uint64_t)(tokens)))
+/* Staged bytes of a [tokens, hidden] message (one-shot bank, Lamport row). */
+#define EAR_FUSED_STAGE_BYTES(tokens, hidden, elem) \
+  ((uint64_t)(tokens) * EAR_FUSED_ROW_VECS(hidden, elem) * EAR_VEC_BYTES)
+/* Two-shot: each row is cut into n column slices of ceil(row_vecs / n) vectors; rank s owns
+ * slice s of every row. Bytes of one stage row / gather segment. */
+#define EAR_FUSED_TWOSHOT_SEG_NEED(tokens, hidden, elem, n) \
+  ((uint64_t)(tokens) * EAR_CEIL_DIV(EAR_FUSED_ROW_VECS(hidden, elem), (n)) * EAR_VEC_BYTES)
+#define EAR_FUSED_ONESHOT_FITS(tokens, hidden, elem, m) \
+  (EAR_FUSED_STAGE_BYTES(tokens, hidden, elem) <= (uint64_t)(m))
+#define EAR_FUSED_TWOSHOT_FITS(tokens, hidden, elem, m, n) \
+  (EAR_FUSED_TWOSHOT_SEG_NEED(tokens, hidden, elem, n) <= EAR_TWOSHOT_SEG_BYTES(m, n))
+#define EAR_FUSED_LAMPORT_FITS(tokens, hidden, elem, m) \
+  (EAR_FUSED_STAGE_BYTES(tokens, hidden, elem) <= EAR_LAMPORT_MAX_MSG(m))
+
+/* The only argument of the fused kernels, passed by value. 232 bytes, 8-byte aligned, no
+ * implicit padding (64-bit targets only). */
+typedef struct EarFusedParams {
+  /* The all-reduce part, exactly as for the plain kernels: ar.input = x [tokens, hidden]
+   * (this rank's partial sum), ar.count = tokens * hidden; ar.output is ignored. For
+   * ear_residual_rmsnorm_<t> only ar.input and ar.count are read. */
+  EarAllReduceParams ar;
+  /* [tokens, hidden], read; may equal residual_out. */
+  const void* residual;
+  /* [hidden] or NULL (no bias). */
+  const void* bias;
+  /* [hidden] RMSNorm weight. */
+  const void* gamma;
+  /* [tokens, hidden] = sum(x) + bias + residual, rounded to T once. */
+  void* residual_out;
+  /* [tokens, hidden] = RMSNorm(residual_out) * gamma; may equal x (ar.input). */
+  void* normed;
+  /* Token rows (>= 1). */
+  uint64_t tokens;
+  /* Elements per row (>= 1). */
+  uint32_t hidden;
+  /* RMSNorm epsilon (added to the mean square). */
+  float eps;
+} EarFusedParams;
+
+#ifdef __cplusplus
+static_assert(sizeof(EarFusedParams) == 232, "EarFusedParams must be 232 bytes");
+#else
+_Static_assert(sizeof(EarFusedParams) == 232, "EarFusedParams must be 232 bytes");
+#endif
+
 #endif /* EAR_ALLREDUCE_PARAMS_H */

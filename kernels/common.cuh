@@ -342,3 +342,110 @@ __device__ __forceinline__ void finish_call(const EarAllReduceParams& p, F updat
       ear_##FAMILY##_##TNAME##_n##N(const EarAllReduceParams params) {                     \
     BODY<T, N>(params);                                                                     \
   }
+
+// =======================================================================================
+// Fused all-reduce + residual (+ bias) + RMSNorm (kernels/fused_norm.cu): token-row
+// primitives. Additions only; nothing above depends on them.
+namespace ear {
+
+// Exact T -> fp32 of the E elements of a vector (sign of zero kept, NaN stays NaN).
+template <typename T>
+__device__ __forceinline__ void unpack(const uint4& v, float (&f)[Elem<T>::E]);
+template <>
+__device__ __forceinline__ void unpack<float>(const uint4& v, float (&f)[4]) {
+  f[0] = __uint_as_float(v.x);
+  f[1] = __uint_as_float(v.y);
+  f[2] = __uint_as_float(v.z);
+  f[3] = __uint_as_float(v.w);
+}
+template <>
+__device__ __forceinline__ void unpack<__half>(const uint4& v, float (&f)[8]) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    f[2 * e] = f16_at(w[e], 0);
+    f[2 * e + 1] = f16_at(w[e], 16);
+  }
+}
+template <>
+__device__ __forceinline__ void unpack<__nv_bfloat16>(const uint4& v, float (&f)[8]) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    f[2 * e] = bf16_lo(w[e]);
+    f[2 * e + 1] = bf16_hi(w[e]);
+  }
+}
+
+// Chunk k of token row `row` of a [rows, hidden] tensor: elements [k*E, k*E + E) of the row,
+// +0 bits past `hidden`. `vec_ok` (hidden * sizeof(T) % 16 == 0, base 16-byte aligned)
+// allows one 16-byte access per full chunk; otherwise elements are moved one by one (rows
+// are then not 16-byte aligned). Nothing past the row is read or written. Row 0 with
+// vec_ok = true serves [hidden] vectors (gamma, bias).
+template <typename T>
+__device__ __forceinline__ uint4 load_row_chunk(const void* base, uint64_t row, uint32_t hidden,
+                                                uint32_t k, bool vec_ok) {
+  constexpr int E = Elem<T>::E;
+  using B = typename Elem<T>::Bits;
+  const uint32_t first = k * E;
+  const uint64_t at = row * hidden + first;
+  if (vec_ok && first + E <= hidden) return ld_plain(static_cast<const B*>(base) + at);
+  union {
+    uint4 v;
+    B b[E];
+  } u;
+  u.v = make_uint4(0u, 0u, 0u, 0u);
+  const B* src = static_cast<const B*>(base) + at;
+#pragma unroll
+  for (int e = 0; e < E; ++e)
+    if (first + e < hidden) u.b[e] = src[e];
+  return u.v;
+}
+
+template <typename T>
+__device__ __forceinline__ void store_row_chunk(void* base, uint64_t row, uint32_t hidden,
+                                                uint32_t k, bool vec_ok, uint4 v) {
+  constexpr int E = Elem<T>::E;
+  using B = typename Elem<T>::Bits;
+  const uint32_t first = k * E;
+  const uint64_t at = row * hidden + first;
+  if (vec_ok && first + E <= hidden) {
+    *reinterpret_cast<uint4*>(static_cast<B*>(base) + at) = v;
+    return;
+  }
+  union {
+    uint4 v;
+    B b[E];
+  } u;
+  u.v = v;
+  B* dst = static_cast<B*>(base) + at;
+#pragma unroll
+  for (int e = 0; e < E; ++e)
+    if (first + e < hidden) dst[e] = u.b[e];
+}
+
+// Sum of `v` over the CTA (blockDim.x a multiple of 32, <= EAR_FUSED_MAX_THREADS), the same
+// value in every thread. Fixed order for a given blockDim: xor butterfly inside each warp
+// (a + b == b + a, so every lane ends with the same bits), then warp 0..W-1 in order from
+// +0.0f. Same blockDim and inputs -> same bits on every rank. Safe to call repeatedly.
+__device__ __forceinline__ float block_sum(float v) {
+  __shared__ float part[EAR_FUSED_MAX_THREADS / 32];
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  __syncthreads();  // the previous call's readers are done with part[]
+  if ((threadIdx.x & 31u) == 0) part[threadIdx.x >> 5] = v;
+  __syncthreads();
+  float t = 0.0f;
+  const uint32_t warps = blockDim.x >> 5;
+  for (uint32_t w = 0; w < warps; ++w) t += part[w];
+  return t;
+}
+
+}  // namespace ear
+
+// ear_<FAMILY>_<TNAME>_n<N>(EarFusedParams) running BODY<T, N> on every CTA (fused_norm.cu).
+#define EAR_DEFINE_FUSED_KERNEL(FAMILY, BODY, TNAME, T, N)                                 \
+  extern "C" __global__ void __launch_bounds__(EAR_FUSED_MAX_THREADS, 1)                    \
+      ear_##FAMILY##_##TNAME##_n##N(const EarFusedParams params) {                         \
+    BODY<T, N>(params);                                                                     \
+  }

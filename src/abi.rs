@@ -3,7 +3,7 @@
 //! panic never crosses this boundary.
 
 use crate::error::{guard, Error};
-use crate::registry;
+use crate::{registry, workspace};
 use std::ffi::{c_char, c_int, c_void, CStr};
 
 /// Registers the NCCL communicator that AllReducePlugin instances running on CUDA device
@@ -18,7 +18,10 @@ pub extern "C" fn edgellmRegisterNcclCommForAllReducePlugin(
     ncclAllReduceFunction: *mut c_void,
 ) -> bool {
     guard("edgellmRegisterNcclCommForAllReducePlugin", || {
-        registry::register(deviceId, ncclComm as usize, ncclAllReduceFunction as usize)
+        registry::register(deviceId, ncclComm as usize, ncclAllReduceFunction as usize)?;
+        // Forms the custom-kernel group once all of the communicator's ranks are registered here.
+        workspace::on_register(deviceId, registry::get(deviceId).expect("just registered"));
+        Ok(())
     })
     .is_ok()
 }
@@ -28,7 +31,12 @@ pub extern "C" fn edgellmRegisterNcclCommForAllReducePlugin(
 #[no_mangle]
 #[allow(non_snake_case)]
 pub extern "C" fn edgellmUnregisterNcclCommForAllReducePlugin(deviceId: c_int, ncclComm: *mut c_void) -> bool {
-    guard("edgellmUnregisterNcclCommForAllReducePlugin", || registry::unregister(deviceId, ncclComm as usize)).is_ok()
+    guard("edgellmUnregisterNcclCommForAllReducePlugin", || {
+        registry::unregister(deviceId, ncclComm as usize)?;
+        workspace::forget(deviceId);
+        Ok(())
+    })
+    .is_ok()
 }
 
 /// Edge-LLM's plugin-library initializer. `logger` is an `nvinfer1::ILogger*` (or null): the
@@ -57,4 +65,44 @@ pub extern "C" fn initEdgellmPlugins(logger: *mut c_void, libNamespace: *const c
         }
     })
     .is_ok()
+}
+
+/// How many ranks the custom-kernel group of CUDA device `deviceId` has: 0 when the device has
+/// none, and its all-reduces use NCCL. A group forms by itself when every rank of a registered
+/// communicator is registered in this process (single-process multi-GPU).
+#[no_mangle]
+#[allow(non_snake_case)]
+pub extern "C" fn edgellmAllReduceCustomRanks(deviceId: c_int) -> c_int {
+    guard("edgellmAllReduceCustomRanks", || Ok(workspace::group_for(deviceId).map_or(0, |(g, _)| g.nranks))).unwrap_or(0)
+}
+
+/// Sets up the custom-kernel workspaces of the communicator registered for `deviceId` again
+/// (after edgellmAllReduceReleaseWorkspaces, or with new EDGELLM_ALLREDUCE_* settings). Needs
+/// every rank of it registered in this process; does not block on other ranks. Returns whether
+/// the device has a group afterwards.
+#[no_mangle]
+#[allow(non_snake_case)]
+pub extern "C" fn edgellmAllReduceSetupWorkspaces(deviceId: c_int) -> bool {
+    guard("edgellmAllReduceSetupWorkspaces", || {
+        let registration = registry::get(deviceId)
+            .ok_or_else(|| Error::invalid(format!("no communicator is registered for device {deviceId}")))?;
+        workspace::on_register(deviceId, registration);
+        Ok(workspace::group_for(deviceId).is_some())
+    })
+    .unwrap_or(false)
+}
+
+/// Releases the custom-kernel workspaces of the group `deviceId` belongs to (every rank of it
+/// goes back to NCCL; the memory is freed once in-flight work is done). Call it on every rank's
+/// device before tearing the runtime down if you do not unregister the communicators; unregister
+/// does it too. Returns false when the device had no group.
+#[no_mangle]
+#[allow(non_snake_case)]
+pub extern "C" fn edgellmAllReduceReleaseWorkspaces(deviceId: c_int) -> bool {
+    guard("edgellmAllReduceReleaseWorkspaces", || {
+        let had = workspace::group_for(deviceId).is_some();
+        workspace::forget(deviceId);
+        Ok(had)
+    })
+    .unwrap_or(false)
 }

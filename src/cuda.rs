@@ -55,3 +55,159 @@ pub unsafe fn copy_async(dst: usize, src: usize, bytes: usize, stream: usize) ->
     driver()?;
     check("cuMemcpyDtoDAsync", sys::cuMemcpyDtoDAsync_v2(dst as u64, src as u64, bytes, stream as sys::CUstream))
 }
+
+/// The primary context of `device`, retained once and kept for the life of the process (the
+/// library's workspaces and modules live in it; TensorRT and cudart use the same context).
+fn primary_context(device: i32) -> Result<sys::CUcontext> {
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+    struct Contexts(HashMap<i32, usize>);
+    static CONTEXTS: Mutex<Option<Contexts>> = Mutex::new(None);
+    driver()?;
+    let mut guard = CONTEXTS.lock().unwrap_or_else(|p| p.into_inner());
+    let map = &mut guard.get_or_insert_with(|| Contexts(HashMap::new())).0;
+    if let Some(&ctx) = map.get(&device) {
+        return Ok(ctx as sys::CUcontext);
+    }
+    let mut dev: sys::CUdevice = 0;
+    let mut ctx: sys::CUcontext = std::ptr::null_mut();
+    // SAFETY: out-pointers are valid; the driver is initialised.
+    unsafe {
+        check("cuDeviceGet", sys::cuDeviceGet(&mut dev, device))?;
+        check("cuDevicePrimaryCtxRetain", sys::cuDevicePrimaryCtxRetain(&mut ctx, dev))?;
+    }
+    map.insert(device, ctx as usize);
+    Ok(ctx)
+}
+
+/// Runs `f` with the primary context of `device` current on this thread, then restores the
+/// caller's context.
+pub fn with_device<T>(device: i32, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    let ctx = primary_context(device)?;
+    // SAFETY: ctx is a retained primary context; push/pop are balanced below.
+    check("cuCtxPushCurrent", unsafe { sys::cuCtxPushCurrent_v2(ctx) })?;
+    let result = f();
+    let mut popped: sys::CUcontext = std::ptr::null_mut();
+    // SAFETY: pops the context pushed above.
+    let pop = check("cuCtxPopCurrent", unsafe { sys::cuCtxPopCurrent_v2(&mut popped) });
+    result.and_then(|v| pop.map(|_| v))
+}
+
+/// A zero-filled device allocation in the current context (setup time only: it synchronizes).
+pub fn alloc_zeroed(bytes: usize) -> Result<u64> {
+    let mut ptr: sys::CUdeviceptr = 0;
+    // SAFETY: valid out-pointer; the memset covers exactly the allocation.
+    unsafe {
+        check("cuMemAlloc", sys::cuMemAlloc_v2(&mut ptr, bytes))?;
+        if let Err(e) = check("cuMemsetD8", sys::cuMemsetD8_v2(ptr, 0, bytes)) {
+            sys::cuMemFree_v2(ptr);
+            return Err(e);
+        }
+        check("cuCtxSynchronize", sys::cuCtxSynchronize())?;
+    }
+    Ok(ptr)
+}
+
+/// Frees an allocation of the current context after the context has finished its work.
+///
+/// # Safety
+/// `ptr` must come from [`alloc_zeroed`] in the current context and not be used afterwards.
+pub unsafe fn free(ptr: u64) -> Result<()> {
+    check("cuCtxSynchronize", sys::cuCtxSynchronize())?;
+    check("cuMemFree", sys::cuMemFree_v2(ptr))
+}
+
+/// Enables access from `device`'s context to `peer`'s memory (idempotent). False when the
+/// hardware cannot (no NVLink/P2P path between the two).
+pub fn enable_peer_access(device: i32, peer: i32) -> Result<bool> {
+    let mut can: std::ffi::c_int = 0;
+    // SAFETY: valid out-pointer; device ordinals are checked by the driver.
+    check("cuDeviceCanAccessPeer", unsafe { sys::cuDeviceCanAccessPeer(&mut can, device, peer) })?;
+    if can == 0 {
+        return Ok(false);
+    }
+    let peer_ctx = primary_context(peer)?;
+    with_device(device, || {
+        // SAFETY: peer_ctx is a retained context; the current context is device's.
+        match unsafe { sys::cuCtxEnablePeerAccess(peer_ctx, 0) } {
+            sys::CUresult::CUDA_SUCCESS | sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED => Ok(true),
+            e => Err(Error::Cuda { call: "cuCtxEnablePeerAccess", code: e as i32 }),
+        }
+    })
+}
+
+/// Compute capability major and multiprocessor count of `device`.
+pub fn device_properties(device: i32) -> Result<(i32, i32)> {
+    driver()?;
+    let (mut major, mut sms) = (0, 0);
+    // SAFETY: valid out-pointers.
+    unsafe {
+        let mut dev: sys::CUdevice = 0;
+        check("cuDeviceGet", sys::cuDeviceGet(&mut dev, device))?;
+        use sys::CUdevice_attribute::*;
+        check("cuDeviceGetAttribute", sys::cuDeviceGetAttribute(&mut major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev))?;
+        check("cuDeviceGetAttribute", sys::cuDeviceGetAttribute(&mut sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev))?;
+    }
+    Ok((major, sms))
+}
+
+/// Whether `stream` is being captured into a CUDA graph.
+pub fn is_capturing(stream: usize) -> Result<bool> {
+    let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    // SAFETY: valid out-pointer; `stream` is the caller's stream.
+    check("cuStreamIsCapturing", unsafe { sys::cuStreamIsCapturing(stream as sys::CUstream, &mut status) })?;
+    Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+}
+
+/// A loaded module's kernel, usable from any thread.
+#[derive(Clone, Copy, Debug)]
+pub struct Function(sys::CUfunction);
+// SAFETY: a CUfunction is an immutable handle the driver lets any thread launch.
+unsafe impl Send for Function {}
+unsafe impl Sync for Function {}
+
+/// Loads a fatbin into the current context and resolves `names` (missing names are None).
+pub fn load_module(image: &[u8], names: &[String]) -> Result<Vec<Option<Function>>> {
+    let mut module: sys::CUmodule = std::ptr::null_mut();
+    // SAFETY: `image` is a complete fatbin (embedded at build time); the module is never
+    // unloaded, so the functions stay valid for the life of the process.
+    check("cuModuleLoadData", unsafe { sys::cuModuleLoadData(&mut module, image.as_ptr().cast()) })?;
+    names
+        .iter()
+        .map(|name| {
+            let c_name = std::ffi::CString::new(name.as_str()).expect("kernel names have no NUL");
+            let mut f: sys::CUfunction = std::ptr::null_mut();
+            // SAFETY: valid module and out-pointer.
+            match unsafe { sys::cuModuleGetFunction(&mut f, module, c_name.as_ptr()) } {
+                sys::CUresult::CUDA_SUCCESS => Ok(Some(Function(f))),
+                sys::CUresult::CUDA_ERROR_NOT_FOUND => Ok(None),
+                e => Err(Error::Cuda { call: "cuModuleGetFunction", code: e as i32 }),
+            }
+        })
+        .collect()
+}
+
+/// Launches `f` with one by-value argument block (`params`), `block` threads per CTA.
+///
+/// # Safety
+/// `params` must be the kernel's one parameter, laid out as the kernel expects, and `stream`
+/// a stream of the context `f` was loaded in.
+pub unsafe fn launch<P>(f: Function, grid: u32, block: u32, stream: usize, params: &P, pdl: bool) -> Result<()> {
+    let mut attr: sys::CUlaunchAttribute = std::mem::zeroed();
+    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attr.value.programmaticStreamSerializationAllowed = 1;
+    let config = sys::CUlaunchConfig {
+        gridDimX: grid,
+        gridDimY: 1,
+        gridDimZ: 1,
+        blockDimX: block,
+        blockDimY: 1,
+        blockDimZ: 1,
+        sharedMemBytes: 0,
+        hStream: stream as sys::CUstream,
+        attrs: if pdl { &mut attr } else { std::ptr::null_mut() },
+        numAttrs: pdl as u32,
+    };
+    let mut args = [params as *const P as *mut std::ffi::c_void];
+    check("cuLaunchKernelEx", sys::cuLaunchKernelEx(&config, f.0, args.as_mut_ptr(), std::ptr::null_mut()))
+}

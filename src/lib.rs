@@ -1,7 +1,8 @@
 //! edgellm-allreduce: a drop-in replacement for TensorRT-Edge-LLM's AllReduce plugin library.
 //!
 //! TensorRT talks to C++ (`cpp/`), C++ talks to Rust (the bridge below), Rust decides and
-//! launches: `enqueue` → [`plugin::PluginCore::enqueue`] → [`strategy::choose`] → NCCL or copy.
+//! launches: `enqueue` → [`plugin::PluginCore::enqueue`] → [`strategy::choose`] → custom kernel,
+//! NCCL or copy.
 //!
 //! | module | owns |
 //! |---|---|
@@ -9,22 +10,28 @@
 //! | [`registry`] | per-device NCCL registrations |
 //! | [`fields`] | plugin fields: parse, validate, serialize |
 //! | [`plugin`] | shapes, types, formats, enqueue dispatch |
-//! | [`strategy`] | which path runs a call |
+//! | [`strategy`] | which path runs a call: copy, NCCL or a custom kernel family |
+//! | [`workspace`] | per-rank workspaces, groups of ranks, peer access |
+//! | [`kernels`] | the embedded CUDA kernels and their launch rule |
+//! | [`communicator`] | what a registered NCCL communicator spans |
 //! | [`tensor`] | TensorRT data types and descriptors |
 //! | [`cuda`] | the CUDA driver through cudarc, dynamically loaded |
 //! | [`nccl`] | calls through the registered `ncclAllReduce` |
 //! | [`error`], [`log`] | the error type; logging through TensorRT's logger |
 
 pub mod abi;
+pub mod communicator;
 pub mod cuda;
 pub mod error;
 pub mod fields;
+pub mod kernels;
 pub mod log;
 pub mod nccl;
 pub mod plugin;
 pub mod registry;
 pub mod strategy;
 pub mod tensor;
+pub mod workspace;
 
 use error::{guard, Result};
 use plugin::PluginCore;

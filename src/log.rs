@@ -42,3 +42,6 @@ pub fn warning(message: &str) {
 pub fn info(message: &str) {
     log(Severity::Info, message)
 }
+pub fn verbose(message: &str) {
+    log(Severity::Verbose, message)
+}

@@ -72,7 +72,7 @@ mod tests {
 
     #[test]
     fn calls_the_registered_function_with_edge_llm_arguments() {
-        let r = Registration { comm: 0xc0, all_reduce: fake as usize };
+        let r = Registration { comm: 0xc0, all_reduce: fake as *const () as usize };
         unsafe { all_reduce(r, 0x10, 0x20, 4096, DataType::Bf16, 0x30) }.unwrap();
         assert_eq!(CALLS.lock().unwrap().last().copied(), Some((0x10, 0x20, 4096, 9, 0, 0xc0, 0x30)));
         let err = unsafe { all_reduce(r, 0x10, 0x20, 13, DataType::Half, 0x30) }.unwrap_err();

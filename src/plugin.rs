@@ -5,9 +5,10 @@
 use crate::error::{Error, Result};
 use crate::fields::{self, IncomingField, PluginConfig};
 use crate::ffi::TensorDesc;
-use crate::strategy::{self, Path};
+use crate::strategy::{self, Call, Fallback, Path};
 use crate::tensor::{self, DataType, LINEAR};
-use crate::{cuda, nccl, registry};
+use crate::{cuda, nccl, registry, workspace};
+use std::sync::atomic::{AtomicU32, Ordering};
 
 /// State of one plugin instance: its configuration (what its fields say).
 #[derive(Clone, Debug)]
@@ -121,23 +122,61 @@ impl PluginCore {
         if input == 0 || output == 0 {
             return Err(Error::invalid(format!("null tensor address (input {input:#x}, output {output:#x})")));
         }
-        match strategy::choose(&self.config) {
-            Path::Copy if input == output => Ok(()),
+        let requested = strategy::requested(&self.config);
+        if self.config.tp_size <= 1 {
             // SAFETY: TensorRT hands enqueue device buffers of the described sizes on `stream`.
-            Path::Copy => unsafe { cuda::copy_async(output, input, count * dtype.size(), stream) },
-            Path::Nccl => {
-                let device = cuda::current_device()?;
-                let registration = registry::get(device)
-                    .ok_or(Error::NotRegistered { device, tp_size: self.config.tp_size })?;
-                // SAFETY: the runtime registered a live communicator and ncclAllReduce for this
-                // device; the buffers are TensorRT's, of `count` elements, on `stream`.
-                unsafe { nccl::all_reduce(registration, input, output, count, dtype, stream) }
-            }
+            return if input == output { Ok(()) } else { unsafe { cuda::copy_async(output, input, count * dtype.size(), stream) } };
+        }
+        let device = cuda::current_device()?;
+        let registration =
+            registry::get(device).ok_or(Error::NotRegistered { device, tp_size: self.config.tp_size })?;
+        let group = workspace::group_for(device);
+        let call = Call {
+            tp_size: self.config.tp_size,
+            dtype,
+            bytes: (count * dtype.size()) as u64,
+            aligned: (input | output) % 16 == 0,
+        };
+        let decision = strategy::choose(requested, &call, group.as_ref().map(|(g, _)| &**g as &dyn strategy::Capability));
+        if let Some(reason) = decision.fallback {
+            report_fallback(device, requested, reason, stream);
+        }
+        match (decision.path, group) {
+            // SAFETY: every rank of the group takes this same path for this call (the choice is a
+            // function of what they share); the buffers are TensorRT's, aligned as checked.
+            (Path::Custom(family), Some((group, rank))) => unsafe {
+                group.launch(rank, family, dtype, input, output, count, stream)
+            },
+            // SAFETY: the runtime registered a live communicator and ncclAllReduce for this
+            // device; the buffers are TensorRT's, of `count` elements, on `stream`.
+            _ => unsafe { nccl::all_reduce(registration, input, output, count, dtype, stream) },
         }
     }
 
     pub fn serialized_fields(&self) -> Vec<fields::OutgoingField> {
         fields::serialize(&self.config)
+    }
+}
+
+/// Logs each kind of fallback once per process: a warning when a strategy was forced, an info
+/// line under AUTO (plus one when a CUDA graph captures the NCCL path because no workspace exists).
+fn report_fallback(device: i32, requested: strategy::Requested, reason: Fallback, stream: usize) {
+    static LOGGED: AtomicU32 = AtomicU32::new(0);
+    let forced = requested != strategy::Requested::Auto;
+    let bit = 1u32 << (reason as u32 * 2 + forced as u32);
+    if LOGGED.fetch_or(bit, Ordering::Relaxed) & bit != 0 {
+        return;
+    }
+    let capturing = reason == Fallback::NoWorkspace && cuda::is_capturing(stream).unwrap_or(false);
+    let message = format!(
+        "device {device}: {requested:?} all-reduce falls back to NCCL: {}{}",
+        reason.describe(),
+        if capturing { " (this CUDA graph captures the NCCL path)" } else { "" }
+    );
+    if forced {
+        crate::log::warning(&message)
+    } else {
+        crate::log::info(&message)
     }
 }
 

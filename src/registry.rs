@@ -68,6 +68,11 @@ pub fn get(device: i32) -> Option<Registration> {
     lock().as_ref().and_then(|m| m.get(&device).copied())
 }
 
+/// Every registration, by device.
+pub fn all() -> Vec<(i32, Registration)> {
+    lock().as_ref().map(|m| m.iter().map(|(&d, &r)| (d, r)).collect()).unwrap_or_default()
+}
+
 pub fn last_all_reduce() -> usize {
     LAST_ALL_REDUCE.load(Ordering::Acquire)
 }

@@ -1,7 +1,103 @@
-//! Which path runs an all-reduce. The custom intra-node kernels slot in here; until they are
-//! ready, every strategy (NCCL, ONESHOT, TWOSHOT, AUTO) takes the NCCL path, as Edge-LLM does.
+//! Which path runs an all-reduce: a copy (one rank), NCCL, or a custom kernel family.
+//!
+//! Every rank of a communicator must take the same path for the same call, so the choice is a
+//! pure function of what all ranks share: the plugin's fields (or the environment override),
+//! the message size, the group's rank count and workspace, and the tensor alignment (TensorRT
+//! lays out the same engine identically on every rank).
+//!
+//! AUTO picks from [`AUTO_TABLE`], by rank count and message size; a family that cannot serve a
+//! call (message over its workspace, unaligned tensors, no group) falls back to the next larger
+//! family, then to NCCL. A forced strategy that cannot run falls back to NCCL.
 
-use crate::fields::PluginConfig;
+use crate::fields::{PluginConfig, Strategy};
+use crate::kernels::Family;
+use crate::tensor::DataType;
+use std::sync::OnceLock;
+
+/// A strategy as asked for: the plugin's `strategy` field, or `EDGELLM_ALLREDUCE_STRATEGY`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Requested {
+    Nccl,
+    OneShot,
+    TwoShot,
+    /// Only through the environment: the seed's enum has no value for it.
+    Lamport,
+    Auto,
+}
+
+/// `EDGELLM_ALLREDUCE_STRATEGY` (NCCL, ONESHOT, TWOSHOT, LAMPORT, AUTO; any case), read once.
+/// It overrides every plugin's field; NCCL also keeps workspaces from being allocated.
+pub fn env_override() -> Option<Requested> {
+    static VALUE: OnceLock<Option<Requested>> = OnceLock::new();
+    *VALUE.get_or_init(|| {
+        let v = std::env::var("EDGELLM_ALLREDUCE_STRATEGY").ok()?;
+        let parsed = parse_requested(&v);
+        if parsed.is_none() {
+            crate::log::warning(&format!("EDGELLM_ALLREDUCE_STRATEGY={v} is not one of NCCL, ONESHOT, TWOSHOT, LAMPORT, AUTO: ignored"));
+        }
+        parsed
+    })
+}
+
+fn parse_requested(v: &str) -> Option<Requested> {
+    match v.trim().to_ascii_uppercase().as_str() {
+        "NCCL" => Some(Requested::Nccl),
+        "ONESHOT" => Some(Requested::OneShot),
+        "TWOSHOT" => Some(Requested::TwoShot),
+        "LAMPORT" => Some(Requested::Lamport),
+        "AUTO" => Some(Requested::Auto),
+        _ => None,
+    }
+}
+
+pub fn requested(config: &PluginConfig) -> Requested {
+    env_override().unwrap_or(match config.strategy {
+        Strategy::Nccl => Requested::Nccl,
+        Strategy::OneShot => Requested::OneShot,
+        Strategy::TwoShot => Requested::TwoShot,
+        Strategy::Auto => Requested::Auto,
+    })
+}
+
+/// AUTO's choice by rank count (first row whose bound is >= the group's ranks) and message size
+/// (first entry whose bound is >= the bytes). Provisional: chosen from the one-GPU simulation
+/// (docs/runs/2026-11-29-h200-sim-kernels.log) and the published crossovers (vLLM: one-shot up to
+/// 512 KB at 4 ranks, 256 KB at 8); recalibrated from the benchmark on real GPUs in docs/PERFORMANCE.md.
+pub const AUTO_TABLE: &[(i32, &[(u64, Family)])] = &[
+    (2, &[(256 << 10, Family::Lamport), (1 << 20, Family::OneShot), (u64::MAX, Family::TwoShot)]),
+    (4, &[(128 << 10, Family::Lamport), (512 << 10, Family::OneShot), (u64::MAX, Family::TwoShot)]),
+    (16, &[(64 << 10, Family::Lamport), (256 << 10, Family::OneShot), (u64::MAX, Family::TwoShot)]),
+];
+
+fn auto_family(nranks: i32, bytes: u64) -> Family {
+    let row = AUTO_TABLE.iter().find(|(n, _)| nranks <= *n).unwrap_or(&AUTO_TABLE[AUTO_TABLE.len() - 1]).1;
+    row.iter().find(|(b, _)| bytes <= *b).map(|(_, f)| *f).unwrap_or(Family::TwoShot)
+}
+
+/// What the custom kernels can do for this call (implemented by `workspace::Group`).
+pub trait Capability {
+    fn nranks(&self) -> i32;
+    fn serves(&self, family: Family, dtype: DataType, bytes: u64) -> bool;
+}
+
+impl Capability for crate::workspace::Group {
+    fn nranks(&self) -> i32 {
+        self.nranks
+    }
+    fn serves(&self, family: Family, dtype: DataType, bytes: u64) -> bool {
+        crate::workspace::Group::serves(self, family, dtype, bytes)
+    }
+}
+
+/// One all-reduce call as every rank sees it.
+#[derive(Clone, Copy, Debug)]
+pub struct Call {
+    pub tp_size: i32,
+    pub dtype: DataType,
+    pub bytes: u64,
+    /// Input and output 16-byte aligned (the kernels' requirement).
+    pub aligned: bool,
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Path {
@@ -9,13 +105,65 @@ pub enum Path {
     Copy,
     /// The registered `ncclAllReduce`.
     Nccl,
+    Custom(Family),
 }
 
-pub fn choose(config: &PluginConfig) -> Path {
-    if config.tp_size <= 1 {
-        Path::Copy
-    } else {
-        Path::Nccl
+/// Why a custom family did not run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fallback {
+    /// No group: ranks not all in this process, no peer access, or not registered yet.
+    NoWorkspace,
+    /// The group has a different rank count than the plugin's tp_size.
+    RankMismatch,
+    Unaligned,
+    /// Over the workspace, or no kernel for this dtype and rank count.
+    NotServed,
+}
+
+impl Fallback {
+    pub fn describe(self) -> &'static str {
+        match self {
+            Fallback::NoWorkspace => "no custom workspace for this device (ranks not all registered in this process, or no peer access)",
+            Fallback::RankMismatch => "the plugin's tp_size differs from the registered communicator's rank count",
+            Fallback::Unaligned => "input or output is not 16-byte aligned",
+            Fallback::NotServed => "the message is larger than the workspace, or no kernel exists for this type and rank count",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Decision {
+    pub path: Path,
+    /// Set when the requested path could not run.
+    pub fallback: Option<Fallback>,
+    pub requested: Requested,
+}
+
+pub fn choose(requested: Requested, call: &Call, group: Option<&dyn Capability>) -> Decision {
+    let decide = |path, fallback| Decision { path, fallback, requested };
+    if call.tp_size <= 1 {
+        return decide(Path::Copy, None);
+    }
+    let families: &[Family] = match requested {
+        Requested::Nccl => return decide(Path::Nccl, None),
+        Requested::OneShot => &[Family::OneShot],
+        Requested::TwoShot => &[Family::TwoShot],
+        Requested::Lamport => &[Family::Lamport],
+        Requested::Auto => &[Family::Lamport, Family::OneShot, Family::TwoShot],
+    };
+    let Some(group) = group else { return decide(Path::Nccl, Some(Fallback::NoWorkspace)) };
+    if group.nranks() != call.tp_size {
+        return decide(Path::Nccl, Some(Fallback::RankMismatch));
+    }
+    if !call.aligned {
+        return decide(Path::Nccl, Some(Fallback::Unaligned));
+    }
+    let first = if requested == Requested::Auto { auto_family(group.nranks(), call.bytes) } else { families[0] };
+    let start = families.iter().position(|f| *f == first).unwrap_or(0);
+    match families[start..].iter().find(|f| group.serves(**f, call.dtype, call.bytes)) {
+        Some(f) => decide(Path::Custom(*f), None),
+        None if requested == Requested::Auto => decide(Path::Nccl, None),
+        None => decide(Path::Nccl, Some(Fallback::NotServed)),
     }
 }
 
@@ -23,13 +171,77 @@ pub fn choose(config: &PluginConfig) -> Path {
 mod tests {
     use super::*;
 
-    #[test]
-    fn single_rank_copies_and_every_strategy_uses_nccl() {
-        assert_eq!(choose(&PluginConfig::with_tp_size(1).unwrap()), Path::Copy);
-        for s in [crate::fields::Strategy::Nccl, crate::fields::Strategy::OneShot, crate::fields::Strategy::TwoShot, crate::fields::Strategy::Auto] {
-            let mut c = PluginConfig::with_tp_size(4).unwrap();
-            c.strategy = s;
-            assert_eq!(choose(&c), Path::Nccl, "{s:?}");
+    struct Fake {
+        nranks: i32,
+        max_bytes: u64,
+    }
+    impl Capability for Fake {
+        fn nranks(&self) -> i32 {
+            self.nranks
         }
+        fn serves(&self, family: Family, _: DataType, bytes: u64) -> bool {
+            bytes <= if family == Family::Lamport { self.max_bytes.min(2 << 20) } else { self.max_bytes }
+        }
+    }
+    fn call(tp: i32, bytes: u64) -> Call {
+        Call { tp_size: tp, dtype: DataType::Bf16, bytes, aligned: true }
+    }
+    const GROUP2: Fake = Fake { nranks: 2, max_bytes: 16_000_000 };
+    const GROUP8: Fake = Fake { nranks: 8, max_bytes: 8_000_000 };
+
+    #[test]
+    fn one_rank_copies_whatever_is_requested() {
+        for r in [Requested::Nccl, Requested::OneShot, Requested::Auto] {
+            assert_eq!(choose(r, &call(1, 1024), None).path, Path::Copy);
+        }
+    }
+
+    #[test]
+    fn auto_follows_the_table_then_nccl_above_the_workspace() {
+        let at = |g: &Fake, b| choose(Requested::Auto, &call(g.nranks, b), Some(g)).path;
+        assert_eq!(at(&GROUP2, 8 << 10), Path::Custom(Family::Lamport));
+        assert_eq!(at(&GROUP2, 1 << 20), Path::Custom(Family::OneShot));
+        assert_eq!(at(&GROUP2, 8 << 20), Path::Custom(Family::TwoShot));
+        assert_eq!(at(&GROUP2, 64 << 20), Path::Nccl, "over the workspace");
+        assert_eq!(at(&GROUP8, 32 << 10), Path::Custom(Family::Lamport));
+        assert_eq!(at(&GROUP8, 128 << 10), Path::Custom(Family::OneShot));
+        assert_eq!(at(&GROUP8, 4 << 20), Path::Custom(Family::TwoShot));
+        let d = choose(Requested::Auto, &call(2, 64 << 20), Some(&GROUP2));
+        assert_eq!(d.fallback, None, "NCCL above the workspace is AUTO's choice, not a fallback");
+    }
+
+    #[test]
+    fn auto_moves_to_a_larger_family_when_lamport_cannot_serve() {
+        let tiny = Fake { nranks: 2, max_bytes: 64 << 10 };
+        // The table says Lamport up to 256 KB; this workspace holds 64 KB: one-shot can't either.
+        assert_eq!(choose(Requested::Auto, &call(2, 128 << 10), Some(&tiny)).path, Path::Nccl);
+        assert_eq!(choose(Requested::Auto, &call(2, 32 << 10), Some(&tiny)).path, Path::Custom(Family::Lamport));
+    }
+
+    #[test]
+    fn forced_strategies_run_or_fall_back_to_nccl_with_a_reason() {
+        assert_eq!(choose(Requested::OneShot, &call(2, 8 << 20), Some(&GROUP2)).path, Path::Custom(Family::OneShot));
+        assert_eq!(choose(Requested::TwoShot, &call(2, 1024), Some(&GROUP2)).path, Path::Custom(Family::TwoShot));
+        assert_eq!(choose(Requested::Lamport, &call(2, 1024), Some(&GROUP2)).path, Path::Custom(Family::Lamport));
+        let cases = [
+            (choose(Requested::OneShot, &call(2, 1024), None), Fallback::NoWorkspace),
+            (choose(Requested::OneShot, &call(4, 1024), Some(&GROUP2)), Fallback::RankMismatch),
+            (choose(Requested::TwoShot, &Call { aligned: false, ..call(2, 1024) }, Some(&GROUP2)), Fallback::Unaligned),
+            (choose(Requested::OneShot, &call(2, 32 << 20), Some(&GROUP2)), Fallback::NotServed),
+            (choose(Requested::Lamport, &call(2, 4 << 20), Some(&GROUP2)), Fallback::NotServed),
+        ];
+        for (decision, reason) in cases {
+            assert_eq!(decision.path, Path::Nccl);
+            assert_eq!(decision.fallback, Some(reason));
+        }
+        assert_eq!(choose(Requested::Nccl, &call(2, 1024), Some(&GROUP2)).path, Path::Nccl);
+    }
+
+    #[test]
+    fn strategy_names_parse() {
+        assert_eq!(parse_requested("oneshot"), Some(Requested::OneShot));
+        assert_eq!(parse_requested(" NCCL "), Some(Requested::Nccl));
+        assert_eq!(parse_requested("lamport"), Some(Requested::Lamport));
+        assert_eq!(parse_requested("fast"), None);
     }
 }

@@ -4,7 +4,7 @@ use crate::error::{Error, Result};
 use crate::ffi::TensorDesc;
 
 /// TensorRT `DataType` codes of the types the all-reduce accepts.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DataType {
     Float,
     Half,

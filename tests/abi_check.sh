@@ -11,6 +11,9 @@ grep -q 'SONAME.*\[libNvInfer_edgellm_plugin.so.1\]' <<<"$dyn" || { echo "FAIL: 
 grep -q 'RUNPATH.*\[\$ORIGIN\]' <<<"$dyn" || { echo "FAIL: RUNPATH is not \$ORIGIN"; exit 1; }
 if grep -E 'NEEDED.*(nvinfer|nccl|cudart|libcuda)' <<<"$dyn"; then echo "FAIL: forbidden NEEDED entry"; exit 1; fi
 expected=$(cat <<'LIST'
+edgellmAllReduceCustomRanks
+edgellmAllReduceReleaseWorkspaces
+edgellmAllReduceSetupWorkspaces
 edgellmRegisterNcclCommForAllReducePlugin
 edgellmUnregisterNcclCommForAllReducePlugin
 getCreators

@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <memory>
 #include <random>
+#include <thread>
 
 using namespace nvinfer1;
 
@@ -246,4 +247,139 @@ TEST(Gpu, NcclOneRankCommunicatorForEveryType)
     EXPECT_EQ(runEnqueue(q.get(), {32}, DataType::kHALF, in.ptr, out.ptr, stream), -1) << "unregistered again";
     cudaStreamDestroy(stream);
     destroy(comm);
+}
+
+namespace
+{
+int gpuCount()
+{
+    int n = 0;
+    return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
+}
+
+//! Exactly representable in FP16, BF16 and FP32, and so are sums of a few ranks: exact results.
+float rankValue(int rank, size_t i)
+{
+    return static_cast<float>(static_cast<int>(i % 17) - 8) * 0.25F * static_cast<float>(rank + 1);
+}
+
+std::vector<uint8_t> encode(std::vector<float> const& v, DataType t)
+{
+    std::vector<uint8_t> out(v.size() * sizeOf(t));
+    for (size_t i = 0; i < v.size(); ++i)
+    {
+        uint32_t bits = 0;
+        std::memcpy(&bits, &v[i], 4);
+        if (t == DataType::kFLOAT)
+        {
+            std::memcpy(&out[4 * i], &bits, 4);
+        }
+        else if (t == DataType::kBF16)
+        {
+            auto b = static_cast<uint16_t>(bits >> 16); // exact: the values have few mantissa bits
+            std::memcpy(&out[2 * i], &b, 2);
+        }
+        else
+        {
+            // FP16 of a value with few mantissa bits and a small exponent: rebuild the fields.
+            uint32_t const sign = (bits >> 16) & 0x8000U;
+            int32_t const exp = static_cast<int32_t>((bits >> 23) & 0xff) - 127 + 15;
+            uint32_t const mant = (bits >> 13) & 0x3ffU;
+            auto h = static_cast<uint16_t>(v[i] == 0.F ? 0 : (sign | (static_cast<uint32_t>(exp) << 10) | mant));
+            std::memcpy(&out[2 * i], &h, 2);
+        }
+    }
+    return out;
+}
+} // namespace
+
+// Two real GPUs, one thread per rank as Edge-LLM drives them, communicators from
+// ncclCommInitAll registered the Edge-LLM way: every strategy (NCCL, ONESHOT, TWOSHOT, AUTO) and
+// type sums rank-dependent inputs exactly, and both ranks agree bit for bit.
+TEST(Gpu, TwoRanksSumThroughEveryStrategy)
+{
+    REQUIRE_GPU();
+    if (gpuCount() < 2)
+    {
+        GTEST_SKIP() << "needs 2 GPUs";
+    }
+    void* nccl = loadNccl();
+    ASSERT_NE(nccl, nullptr) << "no NCCL library (set EDGELLM_TEST_NCCL_LIBRARY)";
+    using InitAll = int (*)(ncclComm_t*, int, int const*);
+    using Destroy = int (*)(ncclComm_t);
+    auto initAll = reinterpret_cast<InitAll>(dlsym(nccl, "ncclCommInitAll"));
+    auto destroy = reinterpret_cast<Destroy>(dlsym(nccl, "ncclCommDestroy"));
+    void* allReduce = dlsym(nccl, "ncclAllReduce");
+    ASSERT_TRUE(initAll && destroy && allReduce);
+    int const devices[2] = {0, 1};
+    ncclComm_t comms[2] = {};
+    ASSERT_EQ(initAll(comms, 2, devices), 0);
+    auto reg = testlib::symbol<bool (*)(int, void*, void*)>("edgellmRegisterNcclCommForAllReducePlugin");
+    auto unreg = testlib::symbol<bool (*)(int, void*)>("edgellmUnregisterNcclCommForAllReducePlugin");
+    auto customRanks = testlib::symbol<int (*)(int)>("edgellmAllReduceCustomRanks");
+    ASSERT_TRUE(reg(0, comms[0], allReduce));
+    EXPECT_EQ(customRanks(0), 0) << "one of two ranks registered: no group yet";
+    ASSERT_TRUE(reg(1, comms[1], allReduce));
+    int canAccess = 0;
+    cudaDeviceCanAccessPeer(&canAccess, 0, 1);
+    EXPECT_EQ(customRanks(0), canAccess ? 2 : 0);
+    EXPECT_EQ(customRanks(1), canAccess ? 2 : 0);
+
+    for (int32_t strategy : {0, 1, 2, 3})
+    {
+        for (DataType t : {DataType::kHALF, DataType::kFLOAT, DataType::kBF16})
+        {
+            for (size_t count : {size_t{1}, size_t{4097}, size_t{64} * 1024, size_t{1} << 20, size_t{3} << 20})
+            {
+                std::vector<float> expected(count);
+                for (size_t i = 0; i < count; ++i)
+                {
+                    expected[i] = rankValue(0, i) + rankValue(1, i);
+                }
+                std::vector<std::vector<uint8_t>> results(2);
+                std::vector<int32_t> status(2, -99);
+                std::vector<std::thread> ranks;
+                for (int r = 0; r < 2; ++r)
+                {
+                    ranks.emplace_back([&, r] {
+                        cudaSetDevice(r);
+                        testlib::Fields f;
+                        f.i32("tp_size", 2).i32("strategy", strategy);
+                        PluginPtr p(testlib::createPlugin(f));
+                        std::vector<float> mine(count);
+                        for (size_t i = 0; i < count; ++i)
+                        {
+                            mine[i] = rankValue(r, i);
+                        }
+                        auto host = encode(mine, t);
+                        DeviceBuffer in(host.size()), out(host.size());
+                        cudaStream_t stream{};
+                        cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+                        cudaMemcpy(in.ptr, host.data(), host.size(), cudaMemcpyHostToDevice);
+                        cudaMemset(out.ptr, 0xff, host.size());
+                        status[r] = p ? runEnqueue(p.get(), {static_cast<int64_t>(count)}, t, in.ptr, out.ptr, stream) : -98;
+                        cudaStreamSynchronize(stream);
+                        results[r].resize(host.size());
+                        cudaMemcpy(results[r].data(), out.ptr, host.size(), cudaMemcpyDeviceToHost);
+                        cudaStreamDestroy(stream);
+                    });
+                }
+                for (auto& th : ranks)
+                {
+                    th.join();
+                }
+                std::string const what = "strategy " + std::to_string(strategy) + " type "
+                    + std::to_string(static_cast<int>(t)) + " count " + std::to_string(count);
+                ASSERT_EQ(status[0], 0) << what;
+                ASSERT_EQ(status[1], 0) << what;
+                EXPECT_EQ(results[0], results[1]) << "ranks differ: " << what;
+                EXPECT_EQ(results[0], encode(expected, t)) << "wrong sum: " << what;
+            }
+        }
+    }
+    EXPECT_TRUE(unreg(0, comms[0]));
+    EXPECT_EQ(customRanks(1), 0) << "unregistering one rank releases the group";
+    EXPECT_TRUE(unreg(1, comms[1]));
+    destroy(comms[0]);
+    destroy(comms[1]);
 }

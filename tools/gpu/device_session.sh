@@ -7,6 +7,9 @@ OUT=${OUT:-/tmp/edgellm-out}; mkdir -p "$OUT"
 export CUDA_DEVICE_MAX_CONNECTIONS=32 NCCL_NVLS_ENABLE=0
 echo "== gtest suite"
 tools/gpu/run_gpu_tests.sh .carry 2>&1 | tee "$OUT/gtest.txt"
+echo "== Rust: the library's launch path on simulated ranks"
+timeout 300 .carry/rust_gpu_simulated_ranks --nocapture --test-threads 1 >"$OUT/rust_gpu.log" 2>&1
+echo "rc=$?"; grep -E "cases passed|test result|panicked|HANG" "$OUT/rust_gpu.log" | head
 if [ -x .carry/sim_ranks ] && [ "${SKIP_SIM:-0}" != 1 ]; then
   echo "== kernel simulation (full)"
   timeout "${SIM_LIMIT:-300}" .carry/sim_ranks --timeout 20 ${SIM_ARGS:-} >"$OUT/sim_full.log" 2>&1

@@ -1,9 +1,15 @@
 #!/usr/bin/env bash
-# Copies the built library and test binaries into .carry/ (git-ignored) for the device tool's
-# `carry`, stripped. Run after tools/install.sh.
+# Copies what the GPU machine runs into .carry/ (git-ignored), stripped: the built library, the
+# gtest binaries, the Rust GPU test binary, and the kernel simulation. Run after tools/install.sh.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
+eval "$("$root/tools/setup.sh")"
 mkdir -p "$root/.carry"
 cp -L "$root/build/libNvInfer_edgellm_plugin.so.1" "$root/build"/tests/edgellm_plugin_tests_trt* "$root/.carry/"
-strip "$root/.carry"/edgellm_plugin_tests_trt*
+archs=$(grep -oP '^EDGELLM_CUDA_ARCHS:STRING=\K.*' "$root/build/CMakeCache.txt")
+rust_test=$(cd "$root" && EDGELLM_CUDA_ARCHS=${archs//;/,} cargo test --release --no-run 2>&1 |
+  grep -oP 'Executable tests/gpu_simulated_ranks.rs \(\K[^)]+')
+cp "$root/$rust_test" "$root/.carry/rust_gpu_simulated_ranks"
+SIM_OUT="$root/.carry" "$root/tests/gpu/kernels/build_and_run.sh" --help >/dev/null
+strip "$root/.carry"/edgellm_plugin_tests_trt* "$root/.carry/rust_gpu_simulated_ranks"
 du -sh "$root/.carry"

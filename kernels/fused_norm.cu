@@ -1,0 +1,427 @@
+// fused_norm.cu: all-reduce fused with residual (+ bias) + RMSNorm, three rank families
+// (ear_oneshot_norm_<t>_n<N>, ear_twoshot_norm_<t>_n<N>, ear_lamport_norm_<t>_n<N>) and the
+// rank-less epilogue alone (ear_residual_rmsnorm_<t>, after an NCCL all-reduce). The host
+// contract (EarFusedParams, EAR_FUSED_BLOCK/GRID, size rules) is in allreduce_params.h.
+//
+// Numerics (every kernel, every rank): per element, in fp32,
+//   acc = +0.0f; acc += x_0; ...; acc += x_{N-1};   (rank order, as reduce_in_rank_order)
+//   acc += bias (if any); acc += residual;           residual_out = round_T(acc)
+// then per token row, from the T-ROUNDED residual_out r (so normed is a pure function of
+// the stored residual_out, whichever family produced it):
+//   ss = sum of fmaf(r_i, r_i, .) over the row: each thread over its chunks in order, then
+//        block_sum (fixed order for the block size EAR_FUSED_BLOCK(hidden, elem))
+//   s  = 1.0f / sqrtf(ss / hidden + eps)             (IEEE div and sqrt, not rsqrtf)
+//   normed_i = round_T((r_i * s) * gamma_i)
+// The standalone kernel gets x already summed and rounded to T (by NCCL) and applies the
+// same formula with N = 1. NaN/Inf propagate as in IEEE arithmetic (an Inf in a row makes
+// ss = Inf, s = 0: the Inf element becomes NaN, the others +-0, as in an fp64 reference);
+// the fp32 sum of squares overflows for |r| >~ 1.8e19 / sqrt(hidden) (bf16/f32 only).
+//
+// Work mapping (all families): CTA b handles token rows b, b + gridDim.x, ... in EVERY
+// phase; inside a row, thread t handles 16-byte chunks k = t, t + blockDim.x, ... (chunk k
+// = elements [k*E, k*E+E) of the row; the last chunk of a row may be partial). A row is
+// staged with a pitch of row_vecs = ceil(hidden*elem/16) vectors (rows padded to 16 bytes,
+// padding = +0), so a vector never straddles two rows and the per-CTA barriers suffice:
+// each CTA only ever needs what the same-index CTA of each rank wrote for the same rows.
+// In place: normed may equal x and residual_out may equal residual. Every element of x or
+// residual of a row is read, by this CTA only, before any write of that row's outputs (the
+// norm's block_sum separates the reads from the normed stores; residual chunk k is read and
+// residual_out chunk k written by the same thread).
+//
+// The norm keeps up to kCache chunks per thread in registers (rows up to kCache*512 vectors:
+// hidden 16384 for f16/bf16, 8192 for f32); chunks beyond that are re-read from
+// residual_out (written by the same thread) for the normed pass.
+//
+// Protocols: the plain families' protocols, with the same workspace regions, signal slots
+// and state counters (so plain and fused calls interleave on one communicator), described
+// at the top of oneshot.cu, twoshot.cu, lamport.cu. Differences:
+//   oneshot_norm  bank seq % 2, vector (row*row_vecs + k) at 16*(row*row_vecs + k); CTA b
+//                 stages its rows, barrier 2*seq+1, reads its rows from every bank, sums,
+//                 adds bias + residual, writes residual_out, normalises. seq += 1 (same bank
+//                 reuse argument: one barrier joined by CTA 0 of every rank per call).
+//   twoshot_norm  row split into N column slices of cs = ceil(row_vecs/N) vectors, rank s
+//                 owns slice s of every row; stage row r / gather segment s hold vector
+//                 (row*cs + c) at 16*(row*cs + c).
+//                   1. push slice s != rank of our x rows to rank s's stage row `rank`;
+//                   2. barrier 2*seq+1;
+//                   3. our slice: own x + stage rows in rank order, + bias + residual, round:
+//                      write our residual_out and push it into gather segment `rank` of
+//                      every peer;
+//                   4. barrier 2*seq+2;
+//                   5. per row: residual_out slices s != rank from our gather (written to
+//                      residual_out), our slice re-read from residual_out, then the norm of
+//                      the full row, locally on every rank (bit-identical: same rounded
+//                      residual_out, same order).
+//                 Reuse argument unchanged (stage read before barrier 4, gather written after
+//                 barrier 2 and read before the call ends). The owner applies ITS residual
+//                 and bias to its slice: these must be identical on every rank (TP).
+//   lamport_norm  buffer lam_seq % 3, row r of a buffer holds rank r's padded rows, vector
+//                 (row*row_vecs + k); 1. push all our rows (sanitized, 16-byte stores),
+//                 2. clear the previous call's lam_prev_vecs vectors of each peer row
+//                 (flat grid-stride: any mapping clears the same set), 3. per row: poll the
+//                 peers' vectors until no word is zero, sum in rank order (own value from
+//                 x), + bias + residual, norm. lam_prev_vecs = tokens*row_vecs. The -0
+//                 sentinel rewrite only touches the x payload: it is summed into an fp32
+//                 accumulator that starts at +0.0f (never -0), before bias and residual, so
+//                 results are unchanged. Plain path only (no clusters/DSMEM): one CTA per
+//                 row, works on sm_80+.
+#include "common.cuh"
+
+namespace ear {
+
+// Chunks per thread the norm keeps in registers (rows up to kCache*blockDim vectors stay in
+// registers). 2 for the Lamport family at N = 16, where 4 spills (128-register cap).
+constexpr int kCache = 4;
+template <int N>
+constexpr int lamport_cache() { return N >= 16 ? 2 : kCache; }
+
+// Same rule as lamport.cu (all-zero 32-bit word = not arrived; senders send it as -0 bits).
+__device__ __forceinline__ uint32_t fused_lamport_word(uint32_t w) {
+  return w == 0u ? 0x80000000u : w;
+}
+__device__ __forceinline__ uint4 fused_lamport_sanitize(uint4 v) {
+  return make_uint4(fused_lamport_word(v.x), fused_lamport_word(v.y), fused_lamport_word(v.z),
+                    fused_lamport_word(v.w));
+}
+__device__ __forceinline__ bool fused_lamport_arrived(const uint4& v) {
+  return v.x != 0u && v.y != 0u && v.z != 0u && v.w != 0u;
+}
+
+template <typename T>
+__device__ __forceinline__ uint32_t row_vecs(uint32_t hidden) {
+  return static_cast<uint32_t>(EAR_FUSED_ROW_VECS(hidden, sizeof(T)));
+}
+
+// Traps on a broken launch contract. N = 0: the rank-less kernel.
+template <typename T, int N>
+__device__ __forceinline__ void check_fused(const EarFusedParams& p, uint64_t need, uint64_t cap) {
+  const bool ranks_bad =
+      N > 0 && (p.ar.nranks != N || p.ar.rank < 0 || p.ar.rank >= N || gridDim.x > EAR_MAX_BLOCKS);
+  if (ranks_bad || blockDim.x != EAR_FUSED_BLOCK(p.hidden, sizeof(T)) || p.tokens == 0 ||
+      p.hidden == 0 || p.ar.count != p.tokens * p.hidden || need > cap)
+    __trap();
+}
+
+// acc (the rank-order sum) += bias chunk k (if any) += residual chunk k; round once; store
+// residual_out chunk k; return it.
+template <typename T>
+__device__ __forceinline__ uint4 add_residual(const EarFusedParams& p, float (&acc)[Elem<T>::E],
+                                              uint64_t row, uint32_t k, bool vec_ok) {
+  if (p.bias != nullptr) Elem<T>::add(acc, load_row_chunk<T>(p.bias, 0, p.hidden, k, true));
+  Elem<T>::add(acc, load_row_chunk<T>(p.residual, row, p.hidden, k, vec_ok));
+  const uint4 r = Elem<T>::pack(acc);
+  store_row_chunk<T>(p.residual_out, row, p.hidden, k, vec_ok, r);
+  return r;
+}
+
+template <typename T, int N>
+__device__ __forceinline__ uint4 sum_add_residual(const EarFusedParams& p, const uint4 (&v)[N],
+                                                  uint64_t row, uint32_t k, bool vec_ok) {
+  float acc[Elem<T>::E];
+#pragma unroll
+  for (int e = 0; e < Elem<T>::E; ++e) acc[e] = 0.0f;
+#pragma unroll
+  for (int r = 0; r < N; ++r) Elem<T>::add(acc, v[r]);
+  return add_residual<T>(p, acc, row, k, vec_ok);
+}
+
+template <typename T>
+__device__ __forceinline__ float add_squares(float ss, const uint4& v) {
+  float f[Elem<T>::E];
+  unpack<T>(v, f);
+#pragma unroll
+  for (int e = 0; e < Elem<T>::E; ++e) ss = __fmaf_rn(f[e], f[e], ss);
+  return ss;
+}
+
+template <typename T>
+__device__ __forceinline__ uint4 apply_norm(const uint4& r, const uint4& g, float s) {
+  float fr[Elem<T>::E], fg[Elem<T>::E];
+  unpack<T>(r, fr);
+  unpack<T>(g, fg);
+#pragma unroll
+  for (int e = 0; e < Elem<T>::E; ++e) fr[e] = __fmul_rn(__fmul_rn(fr[e], s), fg[e]);
+  return Elem<T>::pack(fr);
+}
+
+// The RMSNorm of token row `row`. produce(k) returns residual_out chunk k (T bits, +0 past
+// hidden) and has stored it to residual_out. Called by all threads of the CTA.
+template <typename T, int KC = kCache, typename Produce>
+__device__ __forceinline__ void rmsnorm_row(const EarFusedParams& p, uint64_t row, uint32_t hv,
+                                            bool vec_ok, Produce&& produce) {
+  const uint32_t nt = blockDim.x;
+  uint4 cache[KC];
+  float ss = 0.0f;
+#pragma unroll
+  for (int j = 0; j < KC; ++j) {
+    const uint32_t k = threadIdx.x + j * nt;
+    if (k < hv) {
+      cache[j] = produce(k);
+      ss = add_squares<T>(ss, cache[j]);
+    }
+  }
+  for (uint32_t k = threadIdx.x + KC * nt; k < hv; k += nt) ss = add_squares<T>(ss, produce(k));
+  const float total = block_sum(ss);
+  const float s = __frcp_rn(__fsqrt_rn(__fadd_rn(__fdiv_rn(total, static_cast<float>(p.hidden)), p.eps)));
+#pragma unroll
+  for (int j = 0; j < KC; ++j) {
+    const uint32_t k = threadIdx.x + j * nt;
+    if (k < hv)
+      store_row_chunk<T>(p.normed, row, p.hidden, k, vec_ok,
+                         apply_norm<T>(cache[j], load_row_chunk<T>(p.gamma, 0, p.hidden, k, true), s));
+  }
+  for (uint32_t k = threadIdx.x + KC * nt; k < hv; k += nt)
+    store_row_chunk<T>(p.normed, row, p.hidden, k, vec_ok,
+                       apply_norm<T>(load_row_chunk<T>(p.residual_out, row, p.hidden, k, vec_ok),
+                                     load_row_chunk<T>(p.gamma, 0, p.hidden, k, true), s));
+}
+
+// ---------------------------------------------------------------------------------------
+template <typename T, int N>
+__device__ __forceinline__ void oneshot_norm_body(const EarFusedParams& p) {
+  const uint32_t hv = row_vecs<T>(p.hidden);
+  check_fused<T, N>(p, EAR_FUSED_STAGE_BYTES(p.tokens, p.hidden, sizeof(T)), p.ar.ws_max_bytes);
+  pdl_wait();
+  const CallCounters c = read_state(p.ar);
+  const uint64_t m = p.ar.ws_max_bytes;
+  const bool vec_ok = (p.hidden * sizeof(T)) % EAR_VEC_BYTES == 0;
+  const uint64_t bank_off = EAR_OFF_ONESHOT(m, N) + (c.seq & 1u) * EAR_ONESHOT_BANK_BYTES(m);
+  char* const own_bank = data_region(peer_base<N>(p.ar, p.ar.rank)) + bank_off;
+
+  // 1. stage our rows (local writes).
+  for (uint64_t row = blockIdx.x; row < p.tokens; row += gridDim.x)
+    for (uint32_t k = threadIdx.x; k < hv; k += blockDim.x)
+      st_vec(own_bank + (row * hv + k) * 16, load_row_chunk<T>(p.ar.input, row, p.hidden, k, vec_ok));
+
+  cta_barrier<N>(p.ar, 2 * c.seq + 1);
+
+  // 3. per row: pull from every bank, sum in rank order, + bias + residual, norm.
+  for (uint64_t row = blockIdx.x; row < p.tokens; row += gridDim.x) {
+    rmsnorm_row<T>(p, row, hv, vec_ok, [&](uint32_t k) {
+      const uint64_t at = bank_off + (row * hv + k) * 16;
+      uint4 v[N];
+#pragma unroll
+      for (int r = 0; r < N; ++r) v[r] = ld_cg(data_region(p.ar.peer_ws[r]) + at);
+      return sum_add_residual<T, N>(p, v, row, k, vec_ok);
+    });
+  }
+
+  finish_call(p.ar, [&](State* st) { st->seq = c.seq + 1; });
+}
+
+// ---------------------------------------------------------------------------------------
+template <typename T, int N>
+__device__ __forceinline__ void twoshot_norm_body(const EarFusedParams& p) {
+  const uint32_t hv = row_vecs<T>(p.hidden);
+  const uint64_t m = p.ar.ws_max_bytes;
+  check_fused<T, N>(p, EAR_FUSED_TWOSHOT_SEG_NEED(p.tokens, p.hidden, sizeof(T), N),
+                    EAR_TWOSHOT_SEG_BYTES(m, N));
+  pdl_wait();
+  const CallCounters c = read_state(p.ar);
+  const int rank = p.ar.rank;
+  const bool vec_ok = (p.hidden * sizeof(T)) % EAR_VEC_BYTES == 0;
+  const uint32_t cs = (hv + N - 1) / N;  // column slice, in vectors
+  const uint64_t seg_bytes = EAR_TWOSHOT_SEG_BYTES(m, N);
+  const uint64_t stage_off = EAR_SIGNAL_BYTES + EAR_OFF_TWOSHOT_STAGE(m, N);
+  const uint64_t gather_off = EAR_SIGNAL_BYTES + EAR_OFF_TWOSHOT_GATHER(m, N);
+  char* const mine = static_cast<char*>(peer_base<N>(p.ar, rank));
+
+  // 1. scatter: slice s of our rows goes to row `rank` of rank s's stage.
+  for (uint64_t row = blockIdx.x; row < p.tokens; row += gridDim.x) {
+    for (uint32_t col = threadIdx.x; col < cs; col += blockDim.x) {
+      const uint64_t at = stage_off + rank * seg_bytes + (row * cs + col) * 16;
+#pragma unroll
+      for (int s = 0; s < N; ++s) {
+        const uint32_t k = s * cs + col;
+        if (s != rank && k < hv)
+          st_vec(static_cast<char*>(p.ar.peer_ws[s]) + at,
+                 load_row_chunk<T>(p.ar.input, row, p.hidden, k, vec_ok));
+      }
+    }
+  }
+
+  cta_barrier<N>(p.ar, 2 * c.seq + 1);
+
+  // 3. our slice: reduce, + bias + residual, round; write it and push it to every peer.
+  for (uint64_t row = blockIdx.x; row < p.tokens; row += gridDim.x) {
+    for (uint32_t col = threadIdx.x; col < cs; col += blockDim.x) {
+      const uint32_t k = rank * cs + col;
+      if (k >= hv) break;  // col only grows
+      const uint64_t slot = (row * cs + col) * 16;
+      uint4 v[N];
+#pragma unroll
+      for (int r = 0; r < N; ++r)
+        v[r] = (r == rank) ? load_row_chunk<T>(p.ar.input, row, p.hidden, k, vec_ok)
+                           : ld_cg(mine + stage_off + r * seg_bytes + slot);
+      const uint4 out = sum_add_residual<T, N>(p, v, row, k, vec_ok);
+#pragma unroll
+      for (int q = 0; q < N; ++q)
+        if (q != rank)
+          st_vec(static_cast<char*>(p.ar.peer_ws[q]) + gather_off + rank * seg_bytes + slot, out);
+    }
+  }
+
+  cta_barrier<N>(p.ar, 2 * c.seq + 2);
+
+  // 5. full rows from our gather segments and our own slice, then the norm, locally.
+  for (uint64_t row = blockIdx.x; row < p.tokens; row += gridDim.x) {
+    rmsnorm_row<T>(p, row, hv, vec_ok, [&](uint32_t k) {
+      const uint32_t s = k / cs;
+      if (s == static_cast<uint32_t>(rank))  // written in phase 3 by this CTA (bar.sync since)
+        return load_row_chunk<T>(p.residual_out, row, p.hidden, k, vec_ok);
+      const uint4 v = ld_cg(mine + gather_off + s * seg_bytes + (row * cs + (k - s * cs)) * 16);
+      store_row_chunk<T>(p.residual_out, row, p.hidden, k, vec_ok, v);
+      return v;
+    });
+  }
+
+  finish_call(p.ar, [&](State* st) { st->seq = c.seq + 1; });
+}
+
+// ---------------------------------------------------------------------------------------
+template <typename T, int N>
+__device__ __forceinline__ void lamport_norm_body(const EarFusedParams& p) {
+  const uint32_t hv = row_vecs<T>(p.hidden);
+  const uint64_t m = p.ar.ws_max_bytes;
+  check_fused<T, N>(p, EAR_FUSED_STAGE_BYTES(p.tokens, p.hidden, sizeof(T)), EAR_LAMPORT_MAX_MSG(m));
+  pdl_wait();
+  const CallCounters c = read_state(p.ar);
+  const int rank = p.ar.rank;
+  const bool vec_ok = (p.hidden * sizeof(T)) % EAR_VEC_BYTES == 0;
+  const uint64_t row_bytes = EAR_LAMPORT_ROW_BYTES(m);
+  const uint64_t cur = c.lam_seq % 3u;
+  const uint64_t prev = (c.lam_seq + 2u) % 3u;
+
+  // 1. push all our rows into row `rank` of buffer `cur` of every peer.
+  for (uint64_t row = blockIdx.x; row < p.tokens; row += gridDim.x) {
+    for (uint32_t k = threadIdx.x; k < hv; k += blockDim.x) {
+      const uint4 v = fused_lamport_sanitize(load_row_chunk<T>(p.ar.input, row, p.hidden, k, vec_ok));
+#pragma unroll
+      for (int d = 1; d < N; ++d) {  // start at the next rank: spreads the NVLink traffic
+        int q = rank + d;
+        q = q >= N ? q - N : q;
+        st_vec(data_region(peer_base<N>(p.ar, q)) + EAR_OFF_LAMPORT(m, N) +
+                   (cur * N + rank) * row_bytes + (row * hv + k) * 16,
+               v);
+      }
+    }
+  }
+
+  char* const lam = data_region(peer_base<N>(p.ar, rank)) + EAR_OFF_LAMPORT(m, N);
+
+  // 2. clear what the previous Lamport call (plain or fused) left in our buffer `prev`.
+  const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+  const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
+  const uint64_t first = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+#pragma unroll
+  for (int r = 0; r < N; ++r) {
+    if (r == rank) continue;
+    char* rowp = lam + (prev * N + r) * row_bytes;
+    for (uint64_t i = first; i < c.lam_prev_vecs; i += stride) st_vec(rowp + i * 16, zero);
+  }
+
+  // 3. per row: wait for every peer's chunk, sum in rank order, + bias + residual, norm.
+  const char* const cur_rows = lam + cur * N * row_bytes;
+  for (uint64_t row = blockIdx.x; row < p.tokens; row += gridDim.x) {
+    rmsnorm_row<T, lamport_cache<N>()>(p, row, hv, vec_ok, [&](uint32_t k) {
+      const char* const at = cur_rows + (row * hv + k) * 16;
+      uint4 v[N];
+#pragma unroll
+      for (int r = 0; r < N; ++r)
+        v[r] = (r == rank) ? load_row_chunk<T>(p.ar.input, row, p.hidden, k, vec_ok)
+                           : ld_volatile(at + r * row_bytes);
+      bool done;
+      do {
+        done = true;
+#pragma unroll
+        for (int r = 0; r < N; ++r) {
+          if (r != rank && !fused_lamport_arrived(v[r])) {
+            done = false;
+            v[r] = ld_volatile(at + r * row_bytes);
+          }
+        }
+      } while (!done);
+      return sum_add_residual<T, N>(p, v, row, k, vec_ok);
+    });
+  }
+
+  finish_call(p.ar, [&](State* st) {
+    st->lam_prev_vecs = p.tokens * hv;
+    st->lam_seq = c.lam_seq + 1;
+  });
+}
+
+// ---------------------------------------------------------------------------------------
+// No ranks, no workspace, no state: x (already all-reduced, in T) + bias + residual, norm.
+template <typename T>
+__device__ __forceinline__ void residual_rmsnorm_body(const EarFusedParams& p) {
+  check_fused<T, 0>(p, 0, 0);
+  pdl_wait();
+  const uint32_t hv = row_vecs<T>(p.hidden);
+  const bool vec_ok = (p.hidden * sizeof(T)) % EAR_VEC_BYTES == 0;
+  for (uint64_t row = blockIdx.x; row < p.tokens; row += gridDim.x) {
+    rmsnorm_row<T>(p, row, hv, vec_ok, [&](uint32_t k) {
+      const uint4 v[1] = {load_row_chunk<T>(p.ar.input, row, p.hidden, k, vec_ok)};
+      return sum_add_residual<T, 1>(p, v, row, k, vec_ok);
+    });
+  }
+  __syncthreads();
+  pdl_trigger();
+}
+
+}  // namespace ear
+
+#define EAR_DEFINE_RMSNORM_KERNEL(TNAME, T)                                                 \
+  extern "C" __global__ void __launch_bounds__(EAR_FUSED_MAX_THREADS, 1)                    \
+      ear_residual_rmsnorm_##TNAME(const EarFusedParams params) {                          \
+    ear::residual_rmsnorm_body<T>(params);                                                  \
+  }
+
+EAR_DEFINE_FUSED_KERNEL(oneshot_norm, ear::oneshot_norm_body, f32, float, 2)
+EAR_DEFINE_FUSED_KERNEL(oneshot_norm, ear::oneshot_norm_body, f32, float, 4)
+EAR_DEFINE_FUSED_KERNEL(oneshot_norm, ear::oneshot_norm_body, f32, float, 6)
+EAR_DEFINE_FUSED_KERNEL(oneshot_norm, ear::oneshot_norm_body, f32, float, 8)
+EAR_DEFINE_FUSED_KERNEL(oneshot_norm, ear::oneshot_norm_body, f32, float, 16)
+EAR_DEFINE_FUSED_KERNEL(oneshot_norm, ear::oneshot_norm_body, f16, __half, 2)
+EAR_DEFINE_FUSED_KERNEL(oneshot_norm, ear::oneshot_norm_body, f16, __half, 4)
+EAR_DEFINE_FUSED_KERNEL(oneshot_norm, ear::oneshot_norm_body, f16, __half, 6)
+EAR_DEFINE_FUSED_KERNEL(oneshot_norm, ear::oneshot_norm_body, f16, __half, 8)
+EAR_DEFINE_FUSED_KERNEL(oneshot_norm, ear::oneshot_norm_body, f16, __half, 16)
+EAR_DEFINE_FUSED_KERNEL(oneshot_norm, ear::oneshot_norm_body, bf16, __nv_bfloat16, 2)
+EAR_DEFINE_FUSED_KERNEL(oneshot_norm, ear::oneshot_norm_body, bf16, __nv_bfloat16, 4)
+EAR_DEFINE_FUSED_KERNEL(oneshot_norm, ear::oneshot_norm_body, bf16, __nv_bfloat16, 6)
+EAR_DEFINE_FUSED_KERNEL(oneshot_norm, ear::oneshot_norm_body, bf16, __nv_bfloat16, 8)
+EAR_DEFINE_FUSED_KERNEL(oneshot_norm, ear::oneshot_norm_body, bf16, __nv_bfloat16, 16)
+EAR_DEFINE_FUSED_KERNEL(twoshot_norm, ear::twoshot_norm_body, f32, float, 2)
+EAR_DEFINE_FUSED_KERNEL(twoshot_norm, ear::twoshot_norm_body, f32, float, 4)
+EAR_DEFINE_FUSED_KERNEL(twoshot_norm, ear::twoshot_norm_body, f32, float, 6)
+EAR_DEFINE_FUSED_KERNEL(twoshot_norm, ear::twoshot_norm_body, f32, float, 8)
+EAR_DEFINE_FUSED_KERNEL(twoshot_norm, ear::twoshot_norm_body, f32, float, 16)
+EAR_DEFINE_FUSED_KERNEL(twoshot_norm, ear::twoshot_norm_body, f16, __half, 2)
+EAR_DEFINE_FUSED_KERNEL(twoshot_norm, ear::twoshot_norm_body, f16, __half, 4)
+EAR_DEFINE_FUSED_KERNEL(twoshot_norm, ear::twoshot_norm_body, f16, __half, 6)
+EAR_DEFINE_FUSED_KERNEL(twoshot_norm, ear::twoshot_norm_body, f16, __half, 8)
+EAR_DEFINE_FUSED_KERNEL(twoshot_norm, ear::twoshot_norm_body, f16, __half, 16)
+EAR_DEFINE_FUSED_KERNEL(twoshot_norm, ear::twoshot_norm_body, bf16, __nv_bfloat16, 2)
+EAR_DEFINE_FUSED_KERNEL(twoshot_norm, ear::twoshot_norm_body, bf16, __nv_bfloat16, 4)
+EAR_DEFINE_FUSED_KERNEL(twoshot_norm, ear::twoshot_norm_body, bf16, __nv_bfloat16, 6)
+EAR_DEFINE_FUSED_KERNEL(twoshot_norm, ear::twoshot_norm_body, bf16, __nv_bfloat16, 8)
+EAR_DEFINE_FUSED_KERNEL(twoshot_norm, ear::twoshot_norm_body, bf16, __nv_bfloat16, 16)
+EAR_DEFINE_FUSED_KERNEL(lamport_norm, ear::lamport_norm_body, f32, float, 2)
+EAR_DEFINE_FUSED_KERNEL(lamport_norm, ear::lamport_norm_body, f32, float, 4)
+EAR_DEFINE_FUSED_KERNEL(lamport_norm, ear::lamport_norm_body, f32, float, 6)
+EAR_DEFINE_FUSED_KERNEL(lamport_norm, ear::lamport_norm_body, f32, float, 8)
+EAR_DEFINE_FUSED_KERNEL(lamport_norm, ear::lamport_norm_body, f32, float, 16)
+EAR_DEFINE_FUSED_KERNEL(lamport_norm, ear::lamport_norm_body, f16, __half, 2)
+EAR_DEFINE_FUSED_KERNEL(lamport_norm, ear::lamport_norm_body, f16, __half, 4)
+EAR_DEFINE_FUSED_KERNEL(lamport_norm, ear::lamport_norm_body, f16, __half, 6)
+EAR_DEFINE_FUSED_KERNEL(lamport_norm, ear::lamport_norm_body, f16, __half, 8)
+EAR_DEFINE_FUSED_KERNEL(lamport_norm, ear::lamport_norm_body, f16, __half, 16)
+EAR_DEFINE_FUSED_KERNEL(lamport_norm, ear::lamport_norm_body, bf16, __nv_bfloat16, 2)
+EAR_DEFINE_FUSED_KERNEL(lamport_norm, ear::lamport_norm_body, bf16, __nv_bfloat16, 4)
+EAR_DEFINE_FUSED_KERNEL(lamport_norm, ear::lamport_norm_body, bf16, __nv_bfloat16, 6)
+EAR_DEFINE_FUSED_KERNEL(lamport_norm, ear::lamport_norm_body, bf16, __nv_bfloat16, 8)
+EAR_DEFINE_FUSED_KERNEL(lamport_norm, ear::lamport_norm_body, bf16, __nv_bfloat16, 16)
+EAR_DEFINE_RMSNORM_KERNEL(f32, float)
+EAR_DEFINE_RMSNORM_KERNEL(f16, __half)
+EAR_DEFINE_RMSNORM_KERNEL(bf16, __nv_bfloat16)

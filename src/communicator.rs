@@ -1,0 +1,46 @@
+//! What a registered NCCL communicator spans (rank count, this rank, its device), asked of the
+//! NCCL library that holds the registered `ncclAllReduce` (found with `dladdr`, opened with
+//! `RTLD_NOLOAD`): never a second NCCL.
+
+use crate::registry::Registration;
+use libloading::os::unix::{Library, RTLD_LAZY};
+use std::ffi::{c_int, c_void, CStr};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CommInfo {
+    pub nranks: i32,
+    pub rank: i32,
+    pub device: i32,
+}
+
+/// The NCCL library already loaded in the process that defines the function at `address`.
+fn library_of(address: usize) -> Option<Library> {
+    // SAFETY: dladdr only reads the loader's tables; `info` is a valid out-pointer.
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    if unsafe { libc::dladdr(address as *const c_void, &mut info) } == 0 || info.dli_fname.is_null() {
+        return None;
+    }
+    // SAFETY: dli_fname is a NUL-terminated path owned by the loader.
+    let path = unsafe { CStr::from_ptr(info.dli_fname) }.to_str().ok()?.to_owned();
+    // SAFETY: RTLD_NOLOAD only returns a library that is already loaded; nothing is initialised.
+    unsafe { Library::open(Some(path), RTLD_LAZY | libc::RTLD_NOLOAD) }.ok()
+}
+
+/// `ncclCommCount`, `ncclCommUserRank`, `ncclCommCuDevice` of the registered communicator, or
+/// None when they cannot be asked (the registered function is not NCCL's, or a call failed).
+pub fn describe(registration: &Registration) -> Option<CommInfo> {
+    type Query = unsafe extern "C" fn(*mut c_void, *mut c_int) -> c_int;
+    let lib = library_of(registration.all_reduce)?;
+    let ask = |name: &[u8]| -> Option<i32> {
+        // SAFETY: these NCCL functions have the signature `ncclResult_t f(ncclComm_t, int*)`.
+        let f = unsafe { lib.get::<Query>(name) }.ok()?;
+        let mut value: c_int = -1;
+        // SAFETY: the runtime registered a live communicator of this NCCL.
+        (unsafe { f(registration.comm as *mut c_void, &mut value) } == 0).then_some(value)
+    };
+    Some(CommInfo {
+        nranks: ask(b"ncclCommCount\0")?,
+        rank: ask(b"ncclCommUserRank\0")?,
+        device: ask(b"ncclCommCuDevice\0")?,
+    })
+}

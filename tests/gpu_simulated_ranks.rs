@@ -1,0 +1,181 @@
+//! The custom all-reduce through the library's own launch path (`workspace::Group`, the embedded
+//! kernels, the launch rule), on N simulated ranks on one GPU: N workspaces on the device, each
+//! rank on its own stream, grids capped so all ranks are co-resident. Skips without a GPU; run
+//! on the H200 by tools/gpu/device_session.sh (the compiled test binary travels there).
+
+use cudarc::driver::{sys, CudaContext, CudaStream, DevicePtr};
+use edgellm_allreduce::kernels::Family;
+use edgellm_allreduce::tensor::DataType;
+use edgellm_allreduce::workspace::Group;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+fn gpu() -> Option<Arc<CudaContext>> {
+    // SAFETY: only probes for libcuda.
+    if !unsafe { sys::is_culib_present() } || CudaContext::device_count().unwrap_or(0) == 0 {
+        eprintln!("no CUDA device: skipped");
+        return None;
+    }
+    let ctx = CudaContext::new(0).ok()?;
+    // SAFETY: the test orders its streams itself (explicit synchronization before every read).
+    unsafe { ctx.disable_event_tracking() };
+    Some(ctx)
+}
+
+/// Aborts the process with the case name if a case hangs (spinning kernels that never meet).
+struct Watchdog {
+    case: Arc<Mutex<String>>,
+    done: Arc<AtomicBool>,
+}
+impl Watchdog {
+    fn start(limit: Duration) -> Self {
+        let case = Arc::new(Mutex::new(String::new()));
+        let done = Arc::new(AtomicBool::new(false));
+        let (c, d) = (case.clone(), done.clone());
+        std::thread::spawn(move || {
+            let start = std::time::Instant::now();
+            while !d.load(Ordering::Relaxed) {
+                if start.elapsed() > limit {
+                    eprintln!("HANG: {}", c.lock().unwrap());
+                    std::process::exit(3);
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        });
+        Watchdog { case, done }
+    }
+    fn at(&self, case: String) {
+        *self.case.lock().unwrap() = case;
+    }
+}
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        self.done.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Deterministic pseudo-random values in [-2, 2), as raw element bits of `dtype`, and as f64.
+fn random(count: usize, dtype: DataType, seed: u64) -> (Vec<u8>, Vec<f64>) {
+    let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut bytes = Vec::with_capacity(count * dtype.size());
+    let mut values = Vec::with_capacity(count);
+    for _ in 0..count {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        let x = ((state >> 40) as f64 / (1u64 << 24) as f64) * 4.0 - 2.0;
+        let stored = match dtype {
+            DataType::Float => {
+                bytes.extend_from_slice(&(x as f32).to_ne_bytes());
+                x as f32 as f64
+            }
+            DataType::Half => {
+                let h = half::f16::from_f64(x);
+                bytes.extend_from_slice(&h.to_bits().to_ne_bytes());
+                h.to_f64()
+            }
+            DataType::Bf16 => {
+                let h = half::bf16::from_f64(x);
+                bytes.extend_from_slice(&h.to_bits().to_ne_bytes());
+                h.to_f64()
+            }
+        };
+        values.push(stored);
+    }
+    (bytes, values)
+}
+
+fn decode(bytes: &[u8], dtype: DataType) -> Vec<f64> {
+    bytes
+        .chunks_exact(dtype.size())
+        .map(|c| match dtype {
+            DataType::Float => f32::from_ne_bytes(c.try_into().unwrap()) as f64,
+            DataType::Half => half::f16::from_bits(u16::from_ne_bytes(c.try_into().unwrap())).to_f64(),
+            DataType::Bf16 => half::bf16::from_bits(u16::from_ne_bytes(c.try_into().unwrap())).to_f64(),
+        })
+        .collect()
+}
+
+fn tolerance(dtype: DataType) -> f64 {
+    match dtype {
+        DataType::Float => 1e-5,
+        DataType::Half => 2e-3,
+        DataType::Bf16 => 1e-2,
+    }
+}
+
+/// One all-reduce on every rank of `group`; returns each rank's output bytes.
+fn all_reduce(
+    group: &Group,
+    streams: &[Arc<CudaStream>],
+    family: Family,
+    dtype: DataType,
+    inputs: &[Vec<u8>],
+    in_place: bool,
+) -> Vec<Vec<u8>> {
+    let count = inputs[0].len() / dtype.size();
+    let bufs: Vec<_> = inputs.iter().zip(streams).map(|(h, s)| s.clone_htod(h).unwrap()).collect();
+    let outs: Vec<_> = streams.iter().map(|s| s.clone_htod(&vec![0xffu8; inputs[0].len()]).unwrap()).collect();
+    for s in streams {
+        s.synchronize().unwrap();
+    }
+    for (rank, s) in streams.iter().enumerate() {
+        let (input, _) = bufs[rank].device_ptr(s);
+        let (output, _) = if in_place { bufs[rank].device_ptr(s) } else { outs[rank].device_ptr(s) };
+        // SAFETY: device buffers of `count` elements, 16-byte aligned (fresh allocations); every
+        // rank launches the same call.
+        unsafe { group.launch(rank as i32, family, dtype, input as usize, output as usize, count, s.cu_stream() as usize) }
+            .unwrap();
+    }
+    streams
+        .iter()
+        .enumerate()
+        .map(|(rank, s)| {
+            s.synchronize().unwrap();
+            s.clone_dtoh(if in_place { &bufs[rank] } else { &outs[rank] }).unwrap()
+        })
+        .collect()
+}
+
+#[test]
+fn every_family_type_and_rank_count_on_simulated_ranks() {
+    let Some(ctx) = gpu() else { return };
+    let watchdog = Watchdog::start(Duration::from_secs(240));
+    let mut passed = 0;
+    for nranks in [2, 4, 8] {
+        let group = Group::simulated(0, nranks, 16 << 20).unwrap();
+        let streams: Vec<_> = (0..nranks).map(|_| ctx.new_stream().unwrap()).collect();
+        for dtype in [DataType::Float, DataType::Half, DataType::Bf16] {
+            for family in Family::ALL {
+                for (i, count) in [1usize, 7, 1000, 4097, (1 << 20) + 3, 4 << 20].into_iter().enumerate() {
+                    let bytes = (count * dtype.size()) as u64;
+                    if !group.serves(family, dtype, bytes) {
+                        continue;
+                    }
+                    let in_place = i % 2 == 1;
+                    watchdog.at(format!("{family:?} {dtype:?} n={nranks} count={count} in_place={in_place}"));
+                    let data: Vec<_> = (0..nranks).map(|r| random(count, dtype, (r as u64 + 1) * 7919 + count as u64)).collect();
+                    let inputs: Vec<_> = data.iter().map(|(b, _)| b.clone()).collect();
+                    let outputs = all_reduce(&group, &streams, family, dtype, &inputs, in_place);
+                    for (rank, out) in outputs.iter().enumerate() {
+                        assert!(out == &outputs[0], "rank {rank} differs from rank 0: {family:?} {dtype:?} n={nranks} count={count}");
+                    }
+                    let got = decode(&outputs[0], dtype);
+                    let (mut err, mut norm) = (0f64, 0f64);
+                    for i in 0..count {
+                        let reference: f64 = data.iter().map(|(_, v)| v[i]).sum();
+                        assert!(got[i].is_finite(), "unwritten or non-finite output at {i}: {family:?} {dtype:?} n={nranks} count={count}");
+                        err += (got[i] - reference).powi(2);
+                        norm += reference.powi(2);
+                    }
+                    let rel = (err / norm.max(1e-30)).sqrt();
+                    assert!(rel < tolerance(dtype), "relative error {rel:e}: {family:?} {dtype:?} n={nranks} count={count}");
+                    passed += 1;
+                }
+            }
+        }
+    }
+    println!("simulated ranks: {passed} cases passed");
+    assert!(passed >= 100, "only {passed} cases ran");
+}
