@@ -35,10 +35,12 @@ bool initEdgellmPlugins(void *logger, const char *libNamespace);
 // communicator is registered in this process (single-process multi-GPU).
 int edgellmAllReduceCustomRanks(int deviceId);
 
-// Sets up the custom-kernel workspaces of the communicator registered for `deviceId` again
-// (after edgellmAllReduceReleaseWorkspaces, or with new EDGELLM_ALLREDUCE_* settings). Needs
-// every rank of it registered in this process; does not block on other ranks. Returns whether
-// the device has a group afterwards.
+// Sets up the custom-kernel workspaces of the communicator registered for `deviceId`, for
+// runtimes that choose the moment themselves. When every rank of the communicator is registered
+// in this process, this forms the group without blocking (as registration does). Otherwise it
+// is a collective over the communicator (IPC handles exchanged through its NCCL): every rank
+// must call it, each from its own thread or process, and it returns when all have; all ranks
+// get the group or none does. Returns whether the device has a group afterwards.
 bool edgellmAllReduceSetupWorkspaces(int deviceId);
 
 // Releases the custom-kernel workspaces of the group `deviceId` belongs to (every rank of it

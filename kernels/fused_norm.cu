@@ -29,8 +29,9 @@
 // residual_out chunk k written by the same thread).
 //
 // The norm keeps up to kCache chunks per thread in registers (rows up to kCache*512 vectors:
-// hidden 16384 for f16/bf16, 8192 for f32); chunks beyond that are re-read from
-// residual_out (written by the same thread) for the normed pass.
+// hidden 16384 for f16/bf16, 8192 for f32; fewer for Lamport at N >= 8, see kLamportCache);
+// chunks beyond that are re-read from residual_out (written by the same thread) for the
+// normed pass.
 //
 // Protocols: the plain families' protocols, with the same workspace regions, signal slots
 // and state counters (so plain and fused calls interleave on one communicator), described
@@ -70,10 +71,11 @@
 namespace ear {
 
 // Chunks per thread the norm keeps in registers (rows up to kCache*blockDim vectors stay in
-// registers). 2 for the Lamport family at N = 16, where 4 spills (128-register cap).
+// registers). Fewer for the Lamport family at N >= 8, where the N polled vectors already take
+// 4N registers and 4 cached chunks spill under the 128-register cap (sm_80).
 constexpr int kCache = 4;
 template <int N>
-constexpr int lamport_cache() { return N >= 16 ? 2 : kCache; }
+constexpr int kLamportCache = N >= 16 ? 1 : N >= 8 ? 2 : kCache;
 
 // Same rule as lamport.cu (all-zero 32-bit word = not arrived; senders send it as -0 bits).
 __device__ __forceinline__ uint32_t fused_lamport_word(uint32_t w) {
@@ -323,7 +325,7 @@ __device__ __forceinline__ void lamport_norm_body(const EarFusedParams& p) {
   // 3. per row: wait for every peer's chunk, sum in rank order, + bias + residual, norm.
   const char* const cur_rows = lam + cur * N * row_bytes;
   for (uint64_t row = blockIdx.x; row < p.tokens; row += gridDim.x) {
-    rmsnorm_row<T, lamport_cache<N>()>(p, row, hv, vec_ok, [&](uint32_t k) {
+    rmsnorm_row<T, kLamportCache<N>>(p, row, hv, vec_ok, [&](uint32_t k) {
       const char* const at = cur_rows + (row * hv + k) * 16;
       uint4 v[N];
 #pragma unroll

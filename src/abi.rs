@@ -20,7 +20,7 @@ pub extern "C" fn edgellmRegisterNcclCommForAllReducePlugin(
     guard("edgellmRegisterNcclCommForAllReducePlugin", || {
         registry::register(deviceId, ncclComm as usize, ncclAllReduceFunction as usize)?;
         // Forms the custom-kernel group once all of the communicator's ranks are registered here.
-        workspace::on_register(deviceId, registry::get(deviceId).expect("just registered"));
+        workspace::on_register(deviceId, registry::get(deviceId).expect("just registered"), false);
         Ok(())
     })
     .is_ok()
@@ -76,17 +76,21 @@ pub extern "C" fn edgellmAllReduceCustomRanks(deviceId: c_int) -> c_int {
     guard("edgellmAllReduceCustomRanks", || Ok(workspace::group_for(deviceId).map_or(0, |(g, _)| g.nranks))).unwrap_or(0)
 }
 
-/// Sets up the custom-kernel workspaces of the communicator registered for `deviceId` again
-/// (after edgellmAllReduceReleaseWorkspaces, or with new EDGELLM_ALLREDUCE_* settings). Needs
-/// every rank of it registered in this process; does not block on other ranks. Returns whether
-/// the device has a group afterwards.
+/// Sets up the custom-kernel workspaces of the communicator registered for `deviceId`, for
+/// runtimes that choose the moment themselves. When every rank of the communicator is registered
+/// in this process, this forms the group without blocking (as registration does). Otherwise it
+/// is a collective over the communicator (IPC handles exchanged through its NCCL): every rank
+/// must call it, each from its own thread or process, and it returns when all have; all ranks
+/// get the group or none does. Returns whether the device has a group afterwards.
 #[no_mangle]
 #[allow(non_snake_case)]
 pub extern "C" fn edgellmAllReduceSetupWorkspaces(deviceId: c_int) -> bool {
     guard("edgellmAllReduceSetupWorkspaces", || {
         let registration = registry::get(deviceId)
             .ok_or_else(|| Error::invalid(format!("no communicator is registered for device {deviceId}")))?;
-        workspace::on_register(deviceId, registration);
+        if workspace::group_for(deviceId).is_none() {
+            workspace::on_register(deviceId, registration, true);
+        }
         Ok(workspace::group_for(deviceId).is_some())
     })
     .unwrap_or(false)

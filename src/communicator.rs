@@ -2,6 +2,7 @@
 //! NCCL library that holds the registered `ncclAllReduce` (found with `dladdr`, opened with
 //! `RTLD_NOLOAD`): never a second NCCL.
 
+use crate::error::{Error, Result};
 use crate::registry::Registration;
 use libloading::os::unix::{Library, RTLD_LAZY};
 use std::ffi::{c_int, c_void, CStr};
@@ -14,7 +15,7 @@ pub struct CommInfo {
 }
 
 /// The NCCL library already loaded in the process that defines the function at `address`.
-fn library_of(address: usize) -> Option<Library> {
+pub fn library_of(address: usize) -> Option<Library> {
     // SAFETY: dladdr only reads the loader's tables; `info` is a valid out-pointer.
     let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
     if unsafe { libc::dladdr(address as *const c_void, &mut info) } == 0 || info.dli_fname.is_null() {
@@ -43,4 +44,45 @@ pub fn describe(registration: &Registration) -> Option<CommInfo> {
         rank: ask(b"ncclCommUserRank\0")?,
         device: ask(b"ncclCommCuDevice\0")?,
     })
+}
+
+/// `ncclAllGather` of `mine` (the same length on every rank) over the registered communicator,
+/// through its own NCCL library. A collective: every rank must call it, and it blocks until all
+/// have (setup time only). The current context must be the rank's device.
+pub fn all_gather(registration: &Registration, nranks: i32, mine: &[u8]) -> Result<Vec<u8>> {
+    type AllGather = unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, *mut c_void, *mut c_void) -> c_int;
+    const NCCL_UINT8: c_int = 1;
+    let lib = library_of(registration.all_reduce)
+        .ok_or_else(|| Error::invalid("the registered ncclAllReduce is not in a loaded NCCL library"))?;
+    // SAFETY: ncclAllGather's C signature is AllGather.
+    let all_gather = unsafe { lib.get::<AllGather>(b"ncclAllGather\0") }
+        .map_err(|_| Error::invalid("the NCCL library has no ncclAllGather"))?;
+    let n = mine.len();
+    let total = n * nranks as usize;
+    crate::cuda::with_scratch_stream(
+        n + total,
+        |stream, scratch| {
+            crate::cuda::copy_to_device(scratch, mine)?;
+            // SAFETY: send holds n bytes, recv n * nranks, on this device; the communicator is live.
+            let code = unsafe {
+                all_gather(
+                    scratch as *const c_void,
+                    (scratch + n as u64) as *mut c_void,
+                    n,
+                    NCCL_UINT8,
+                    registration.comm as *mut c_void,
+                    stream as *mut c_void,
+                )
+            };
+            if code != 0 {
+                return Err(Error::Nccl(code));
+            }
+            Ok(())
+        },
+        |scratch| {
+            let mut everyone = vec![0u8; total];
+            crate::cuda::copy_to_host(&mut everyone, scratch + n as u64)?;
+            Ok(everyone)
+        },
+    )
 }

@@ -211,3 +211,75 @@ pub unsafe fn launch<P>(f: Function, grid: u32, block: u32, stream: usize, param
     let mut args = [params as *const P as *mut std::ffi::c_void];
     check("cuLaunchKernelEx", sys::cuLaunchKernelEx(&config, f.0, args.as_mut_ptr(), std::ptr::null_mut()))
 }
+
+/// Number of CUDA devices this process sees.
+pub fn device_count() -> Result<i32> {
+    driver()?;
+    let mut n = 0;
+    // SAFETY: valid out-pointer.
+    check("cuDeviceGetCount", unsafe { sys::cuDeviceGetCount(&mut n) })?;
+    Ok(n)
+}
+
+/// The IPC handle of an allocation of the current context (64 opaque bytes).
+pub fn ipc_handle(ptr: u64) -> Result<[u8; 64]> {
+    let mut handle: sys::CUipcMemHandle = unsafe { std::mem::zeroed() };
+    // SAFETY: ptr is a cuMemAlloc allocation of the current context; valid out-pointer.
+    check("cuIpcGetMemHandle", unsafe { sys::cuIpcGetMemHandle(&mut handle, ptr) })?;
+    Ok(handle.reserved.map(|c| c as u8))
+}
+
+/// Maps another process's allocation into the current context.
+pub fn ipc_open(handle: &[u8; 64]) -> Result<u64> {
+    let mut h: sys::CUipcMemHandle = unsafe { std::mem::zeroed() };
+    h.reserved = handle.map(|b| b as std::ffi::c_char);
+    let mut ptr: sys::CUdeviceptr = 0;
+    // SAFETY: valid out-pointer; the driver validates the handle.
+    check("cuIpcOpenMemHandle", unsafe {
+        sys::cuIpcOpenMemHandle_v2(&mut ptr, h, sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32)
+    })?;
+    Ok(ptr)
+}
+
+/// Unmaps what [`ipc_open`] mapped, after the current context finished its work.
+///
+/// # Safety
+/// `ptr` must come from [`ipc_open`] in the current context and not be used afterwards.
+pub unsafe fn ipc_close(ptr: u64) -> Result<()> {
+    check("cuCtxSynchronize", sys::cuCtxSynchronize())?;
+    check("cuIpcCloseMemHandle", sys::cuIpcCloseMemHandle(ptr))
+}
+
+/// Setup-time collectives: `enqueue(stream, scratch)` on a private stream of the current context
+/// with `bytes` of zeroed device scratch, a wait for the stream, then `read(scratch)`.
+pub fn with_scratch_stream<T>(
+    bytes: usize,
+    enqueue: impl FnOnce(usize, u64) -> Result<()>,
+    read: impl FnOnce(u64) -> Result<T>,
+) -> Result<T> {
+    let mut stream: sys::CUstream = std::ptr::null_mut();
+    // SAFETY: valid out-pointer.
+    check("cuStreamCreate", unsafe { sys::cuStreamCreate(&mut stream, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32) })?;
+    let result = alloc_zeroed(bytes).and_then(|scratch| {
+        let r = enqueue(stream as usize, scratch)
+            // SAFETY: the stream is ours.
+            .and_then(|()| check("cuStreamSynchronize", unsafe { sys::cuStreamSynchronize(stream) }))
+            .and_then(|()| read(scratch));
+        // SAFETY: the stream is idle (synchronized, or nothing was enqueued).
+        unsafe { free(scratch) }.ok();
+        r
+    });
+    // SAFETY: no work is left on the stream.
+    unsafe { sys::cuStreamDestroy_v2(stream) };
+    result
+}
+
+/// Host-to-device and device-to-host copies of setup-time scratch (synchronous).
+pub fn copy_to_device(dst: u64, src: &[u8]) -> Result<()> {
+    // SAFETY: dst holds at least src.len() bytes (the caller's scratch).
+    check("cuMemcpyHtoD", unsafe { sys::cuMemcpyHtoD_v2(dst, src.as_ptr().cast(), src.len()) })
+}
+pub fn copy_to_host(dst: &mut [u8], src: u64) -> Result<()> {
+    // SAFETY: src holds at least dst.len() bytes (the caller's scratch).
+    check("cuMemcpyDtoH", unsafe { sys::cuMemcpyDtoH_v2(dst.as_mut_ptr().cast(), src, dst.len()) })
+}

@@ -45,6 +45,32 @@ struct Member {
     kernels: Arc<DeviceKernels>,
 }
 
+impl Member {
+    /// One rank's workspace and state block on `device` (whose context is current).
+    fn allocate(device: i32, max_bytes: u64, nranks: i32) -> Result<Member> {
+        let kernels = kernels::for_device(device)?;
+        let workspace = crate::cuda::alloc_zeroed(kernels::workspace_bytes(max_bytes, nranks) as usize)?;
+        match crate::cuda::alloc_zeroed(kernels::state_bytes()) {
+            Ok(state) => Ok(Member { device, workspace, state, kernels }),
+            Err(e) => {
+                // SAFETY: just allocated here, never shared.
+                unsafe { crate::cuda::free(workspace) }.ok();
+                Err(e)
+            }
+        }
+    }
+
+    /// Frees the memory (the device's context must be current).
+    fn release(&self) -> Result<()> {
+        // SAFETY: the member owns these allocations and nothing launches on them any more;
+        // free waits for launched work to finish.
+        unsafe {
+            crate::cuda::free(self.workspace)?;
+            crate::cuda::free(self.state)
+        }
+    }
+}
+
 /// The ranks of one communicator that this process can drive with the custom kernels.
 pub struct Group {
     pub nranks: i32,
@@ -52,7 +78,11 @@ pub struct Group {
     pub max_bytes: u64,
     /// Grid cap: identical for every rank (the launch rule).
     pub max_blocks: u32,
-    members: Vec<Member>,
+    /// Indexed by rank: the ranks this process drives (all of them in-process, one after an
+    /// IPC exchange).
+    members: Vec<Option<Member>>,
+    /// Peers' workspaces mapped from other processes: (device of the mapping, address).
+    imported: Vec<(i32, u64)>,
     peer_ws: [u64; MAX_RANKS],
 }
 
@@ -63,25 +93,18 @@ impl Group {
         if !kernels::RANK_COUNTS.contains(&nranks) {
             return Err(Error::invalid(format!("no custom kernels for {nranks} ranks (they exist for {:?})", kernels::RANK_COUNTS)));
         }
-        let ws_bytes = kernels::workspace_bytes(max_bytes, nranks) as usize;
-        let mut group = Group { nranks, max_bytes, max_blocks, members: Vec::new(), peer_ws: [0; MAX_RANKS] };
+        let mut group = Group::empty(nranks, max_bytes, max_blocks);
         for (rank, &device) in devices.iter().enumerate() {
-            let kernels = kernels::for_device(device)?;
-            let (workspace, state) = crate::cuda::with_device(device, || {
-                let workspace = crate::cuda::alloc_zeroed(ws_bytes)?;
-                match crate::cuda::alloc_zeroed(kernels::state_bytes()) {
-                    Ok(state) => Ok((workspace, state)),
-                    Err(e) => {
-                        // SAFETY: just allocated here, never shared.
-                        unsafe { crate::cuda::free(workspace) }.ok();
-                        Err(e)
-                    }
-                }
-            })?;
-            group.peer_ws[rank] = workspace;
-            group.members.push(Member { device, workspace, state, kernels });
+            let member = crate::cuda::with_device(device, || Member::allocate(device, max_bytes, nranks))?;
+            group.peer_ws[rank] = member.workspace;
+            group.members[rank] = Some(member);
         }
         Ok(group)
+    }
+
+    fn empty(nranks: i32, max_bytes: u64, max_blocks: u32) -> Group {
+        let members = (0..nranks).map(|_| None).collect();
+        Group { nranks, max_bytes, max_blocks, members, imported: Vec::new(), peer_ws: [0; MAX_RANKS] }
     }
 
     /// The ranks of one communicator on distinct devices of this process.
@@ -107,13 +130,14 @@ impl Group {
         Self::allocate(&vec![device; nranks.max(0) as usize], max_bytes, max_blocks)
     }
 
-    pub fn device(&self, rank: i32) -> i32 {
-        self.members[rank as usize].device
+    fn local(&self) -> impl Iterator<Item = &Member> {
+        self.members.iter().flatten()
     }
 
     /// Whether `family` has a kernel for this group and `dtype`, and takes `bytes`.
     pub fn serves(&self, family: Family, dtype: DataType, bytes: u64) -> bool {
-        bytes <= family.max_bytes(self.max_bytes) && self.members[0].kernels.function(family, dtype, self.nranks).is_some()
+        bytes <= family.max_bytes(self.max_bytes)
+            && self.local().next().is_some_and(|m| m.kernels.function(family, dtype, self.nranks).is_some())
     }
 
     /// Enqueues rank `rank`'s part of one all-reduce on `stream` (a stream of that rank's device).
@@ -132,7 +156,9 @@ impl Group {
         count: usize,
         stream: usize,
     ) -> Result<()> {
-        let member = &self.members[rank as usize];
+        let member = self.members.get(rank as usize).and_then(Option::as_ref).ok_or_else(|| {
+            Error::invalid(format!("rank {rank} of this group is not driven by this process"))
+        })?;
         let params = AllReduceParams {
             peer_ws: self.peer_ws,
             state: member.state,
@@ -149,16 +175,15 @@ impl Group {
 
 impl Drop for Group {
     fn drop(&mut self) {
-        for m in &self.members {
-            let freed = crate::cuda::with_device(m.device, || {
-                // SAFETY: the group owns these allocations; the last Arc is gone, so no enqueue
-                // can launch on them again, and free waits for launched work to finish.
-                unsafe {
-                    crate::cuda::free(m.workspace)?;
-                    crate::cuda::free(m.state)
-                }
-            });
-            if let Err(e) = freed {
+        // The last Arc is gone: no enqueue can launch on these buffers again.
+        for &(device, ptr) in &self.imported {
+            // SAFETY: mapped by this group with ipc_open in device's context.
+            if let Err(e) = crate::cuda::with_device(device, || unsafe { crate::cuda::ipc_close(ptr) }) {
+                crate::log::warning(&format!("unmapping a peer workspace on device {device}: {e}"));
+            }
+        }
+        for m in self.local() {
+            if let Err(e) = crate::cuda::with_device(m.device, || m.release()) {
                 crate::log::warning(&format!("freeing the workspace on device {}: {e}", m.device));
             }
         }
@@ -193,8 +218,10 @@ pub fn custom_disabled() -> bool {
 }
 
 /// After `device` registered `registration`: forms the group of its communicator if every rank
-/// of it is now registered in this process. Never blocks on other ranks.
-pub fn on_register(device: i32, registration: Registration) {
+/// of it is now registered in this process (never blocks on other ranks), or through the IPC
+/// exchange when the other ranks must be in other processes or `explicit` (the runtime asked for
+/// it with edgellmAllReduceSetupWorkspaces: a collective).
+pub fn on_register(device: i32, registration: Registration, explicit: bool) {
     forget(device);
     if custom_disabled() {
         return;
@@ -230,10 +257,22 @@ pub fn on_register(device: i32, registration: Registration) {
         }
     }
     if members < info.nranks {
-        crate::log::verbose(&format!(
-            "device {device}: rank {} of {}; {members} of its ranks are registered in this process so far",
-            info.rank, info.nranks
-        ));
+        // Ranks missing from this process: if they cannot all be here (fewer devices than
+        // ranks), they are in other processes, and the exchange at registration cannot
+        // deadlock a runtime that drives several ranks from one thread. Otherwise wait for the
+        // rest to register, or for edgellmAllReduceSetupWorkspaces (EDGELLM_ALLREDUCE_EXCHANGE=register
+        // forces the exchange here).
+        let elsewhere = explicit
+            || crate::cuda::device_count().map_or(false, |n| n < info.nranks)
+            || std::env::var("EDGELLM_ALLREDUCE_EXCHANGE").is_ok_and(|v| v == "register");
+        if elsewhere {
+            install_exchanged(device, &registration, info);
+        } else {
+            crate::log::verbose(&format!(
+                "device {device}: rank {} of {}; {members} of its ranks are registered in this process so far",
+                info.rank, info.nranks
+            ));
+        }
         return;
     }
     let devices: Vec<i32> = by_rank.into_iter().map(|d| d.expect("every rank found")).collect();
@@ -253,5 +292,131 @@ pub fn on_register(device: i32, registration: Registration) {
             ));
         }
         Err(e) => crate::log::warning(&format!("custom all-reduce unavailable for devices {devices:?}: {e}; the NCCL path only")),
+    }
+}
+
+/// What each rank contributes to the IPC exchange (a fixed little-endian record).
+struct Record {
+    ok: bool,
+    nranks: i32,
+    rank: i32,
+    max_bytes: u64,
+    host: u64,
+    handle: [u8; 64],
+}
+
+const RECORD_MAGIC: u32 = 0x4541_5257; // "EARW"
+const RECORD_BYTES: usize = 104;
+
+impl Record {
+    fn encode(&self) -> [u8; RECORD_BYTES] {
+        let mut b = [0u8; RECORD_BYTES];
+        b[0..4].copy_from_slice(&RECORD_MAGIC.to_le_bytes());
+        b[4..8].copy_from_slice(&(self.ok as u32).to_le_bytes());
+        b[8..12].copy_from_slice(&self.nranks.to_le_bytes());
+        b[12..16].copy_from_slice(&self.rank.to_le_bytes());
+        b[16..24].copy_from_slice(&self.max_bytes.to_le_bytes());
+        b[24..32].copy_from_slice(&self.host.to_le_bytes());
+        b[32..96].copy_from_slice(&self.handle);
+        b
+    }
+    fn decode(b: &[u8]) -> Option<Record> {
+        let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().unwrap());
+        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap());
+        (b.len() == RECORD_BYTES && u32_at(0) == RECORD_MAGIC).then(|| Record {
+            ok: u32_at(4) == 1,
+            nranks: u32_at(8) as i32,
+            rank: u32_at(12) as i32,
+            max_bytes: u64_at(16),
+            host: u64_at(24),
+            handle: b[32..96].try_into().unwrap(),
+        })
+    }
+}
+
+/// FNV-1a of the host name: ranks on different hosts never form a group (multi-node: NCCL).
+fn host_id() -> u64 {
+    let mut name = [0u8; 256];
+    // SAFETY: gethostname writes at most name.len() bytes.
+    unsafe { libc::gethostname(name.as_mut_ptr().cast(), name.len()) };
+    name.iter().take_while(|&&c| c != 0).fold(0xcbf2_9ce4_8422_2325u64, |h, &c| (h ^ c as u64).wrapping_mul(0x100_0000_01b3))
+}
+
+/// Multi-process groups (one rank per process or thread): every rank allocates its workspace,
+/// the IPC handles go round through the registered communicator's own NCCL (`ncclAllGather`),
+/// each rank maps its peers', and a second gather makes every rank agree: the group forms on all
+/// ranks or on none (ranks on other hosts, an IPC failure, different settings: NCCL for all).
+/// A collective: every rank must call it (each from its own thread or process); it blocks until
+/// all have. Every rank takes part in both gathers even after a local failure, so none hangs.
+pub fn exchange(device: i32, registration: &Registration, info: CommInfo) -> Result<Group> {
+    let max_bytes = max_message_bytes(info.nranks);
+    crate::cuda::with_device(device, || {
+        let member = kernels::RANK_COUNTS
+            .contains(&info.nranks)
+            .then(|| Member::allocate(device, max_bytes, info.nranks))
+            .and_then(|m| m.ok());
+        let handle = member.as_ref().and_then(|m| crate::cuda::ipc_handle(m.workspace).ok());
+        let mine = Record {
+            ok: handle.is_some(),
+            nranks: info.nranks,
+            rank: info.rank,
+            max_bytes,
+            host: host_id(),
+            handle: handle.unwrap_or([0; 64]),
+        };
+        let gathered = communicator::all_gather(registration, info.nranks, &mine.encode());
+        let mut group = Group::empty(info.nranks, max_bytes, default_max_blocks());
+        let mut mapped_all = false;
+        if let (Ok(all), Some(m)) = (&gathered, &member) {
+            let records: Vec<Option<Record>> = all.chunks_exact(RECORD_BYTES).map(Record::decode).collect();
+            let agree = records.iter().enumerate().all(|(r, rec)| {
+                rec.as_ref().is_some_and(|rec| {
+                    rec.ok && rec.nranks == info.nranks && rec.rank == r as i32 && rec.max_bytes == max_bytes && rec.host == mine.host
+                })
+            });
+            if agree {
+                mapped_all = true;
+                for (r, rec) in records.iter().flatten().enumerate() {
+                    if r as i32 == info.rank {
+                        group.peer_ws[r] = m.workspace;
+                        continue;
+                    }
+                    match crate::cuda::ipc_open(&rec.handle) {
+                        Ok(ptr) => {
+                            group.peer_ws[r] = ptr;
+                            group.imported.push((device, ptr));
+                        }
+                        Err(e) => {
+                            crate::log::warning(&format!("device {device}: mapping rank {r}'s workspace: {e}"));
+                            mapped_all = false;
+                        }
+                    }
+                }
+            }
+        }
+        // Second round: everyone learns whether everyone mapped everything.
+        let verdict = communicator::all_gather(registration, info.nranks, &[mapped_all as u8]);
+        if let Some(m) = member {
+            group.members[info.rank as usize] = Some(m); // from here on Drop releases it
+        }
+        match (gathered, verdict) {
+            (Ok(_), Ok(flags)) if flags.iter().all(|&f| f == 1) => Ok(group),
+            (Err(e), _) | (_, Err(e)) => Err(e),
+            _ => Err(Error::invalid("not every rank could set up or map the workspaces (ranks on several hosts, no IPC between the devices, or different settings)")),
+        }
+    })
+}
+
+/// Runs [`exchange`] for `device` and records the group it gives.
+pub fn install_exchanged(device: i32, registration: &Registration, info: CommInfo) {
+    match exchange(device, registration, info) {
+        Ok(group) => {
+            crate::log::info(&format!(
+                "custom all-reduce ready: rank {} of {} on device {device} (workspaces exchanged through NCCL)",
+                info.rank, info.nranks
+            ));
+            groups().get_or_insert_with(HashMap::new).insert(device, (Arc::new(group), info.rank));
+        }
+        Err(e) => crate::log::warning(&format!("device {device}: custom all-reduce unavailable: {e}; the NCCL path only")),
     }
 }

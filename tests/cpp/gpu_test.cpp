@@ -14,6 +14,9 @@
 #include <random>
 #include <thread>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 using namespace nvinfer1;
 
 namespace
@@ -382,4 +385,147 @@ TEST(Gpu, TwoRanksSumThroughEveryStrategy)
     EXPECT_TRUE(unreg(1, comms[1]));
     destroy(comms[0]);
     destroy(comms[1]);
+}
+
+// --- Multi-process: one rank per process (MPI style), ncclCommInitRank, workspaces exchanged ----
+namespace
+{
+struct NcclUniqueId
+{
+    char internal[128];
+};
+
+//! What one rank's process checks: the workspaces come up through the IPC exchange at
+//! registration (the process sees one GPU, so its peer must be elsewhere), and every strategy
+//! sums exactly. Returns an empty string on success.
+std::string childRank(int rank, NcclUniqueId const& id)
+{
+    void* nccl = loadNccl();
+    if (nccl == nullptr)
+    {
+        return "no NCCL";
+    }
+    using InitRank = int (*)(ncclComm_t*, int, NcclUniqueId, int);
+    using Destroy = int (*)(ncclComm_t);
+    auto initRank = reinterpret_cast<InitRank>(dlsym(nccl, "ncclCommInitRank"));
+    auto destroy = reinterpret_cast<Destroy>(dlsym(nccl, "ncclCommDestroy"));
+    void* allReduce = dlsym(nccl, "ncclAllReduce");
+    cudaSetDevice(0);
+    ncclComm_t comm = nullptr;
+    if (initRank(&comm, 2, id, rank) != 0)
+    {
+        return "ncclCommInitRank failed";
+    }
+    auto reg = testlib::symbol<bool (*)(int, void*, void*)>("edgellmRegisterNcclCommForAllReducePlugin");
+    auto unreg = testlib::symbol<bool (*)(int, void*)>("edgellmUnregisterNcclCommForAllReducePlugin");
+    auto customRanks = testlib::symbol<int (*)(int)>("edgellmAllReduceCustomRanks");
+    if (!reg(0, comm, allReduce))
+    {
+        return "register failed";
+    }
+    if (customRanks(0) != 2)
+    {
+        return "no custom group after the exchange";
+    }
+    for (int32_t strategy : {0, 1, 2, 3})
+    {
+        for (DataType t : {DataType::kHALF, DataType::kFLOAT, DataType::kBF16})
+        {
+            for (size_t count : {size_t{3}, size_t{4097}, size_t{1} << 20})
+            {
+                testlib::Fields f;
+                f.i32("tp_size", 2).i32("strategy", strategy);
+                PluginPtr p(testlib::createPlugin(f));
+                std::vector<float> mine(count), expected(count);
+                for (size_t i = 0; i < count; ++i)
+                {
+                    mine[i] = rankValue(rank, i);
+                    expected[i] = rankValue(0, i) + rankValue(1, i);
+                }
+                auto host = encode(mine, t);
+                DeviceBuffer in(host.size()), out(host.size());
+                cudaMemcpy(in.ptr, host.data(), host.size(), cudaMemcpyHostToDevice);
+                cudaMemset(out.ptr, 0xff, host.size());
+                if (!p || runEnqueue(p.get(), {static_cast<int64_t>(count)}, t, in.ptr, out.ptr, nullptr) != 0)
+                {
+                    return "enqueue failed, strategy " + std::to_string(strategy);
+                }
+                cudaDeviceSynchronize();
+                std::vector<uint8_t> got(host.size());
+                cudaMemcpy(got.data(), out.ptr, got.size(), cudaMemcpyDeviceToHost);
+                if (got != encode(expected, t))
+                {
+                    return "wrong sum: strategy " + std::to_string(strategy) + " type "
+                        + std::to_string(static_cast<int>(t)) + " count " + std::to_string(count);
+                }
+            }
+        }
+    }
+    if (!unreg(0, comm) || customRanks(0) != 0)
+    {
+        return "unregister did not release the group";
+    }
+    destroy(comm);
+    return "";
+}
+} // namespace
+
+TEST(MultiProcess, Child)
+{
+    char const* rank = std::getenv("EDGELLM_TEST_CHILD_RANK");
+    char const* hex = std::getenv("EDGELLM_TEST_NCCL_ID");
+    if (rank == nullptr || hex == nullptr)
+    {
+        GTEST_SKIP() << "run by MultiProcess.TwoProcessesExchangeWorkspaces";
+    }
+    NcclUniqueId id{};
+    for (size_t i = 0; i < sizeof id.internal; ++i)
+    {
+        id.internal[i] = static_cast<char>(std::stoi(std::string(hex + 2 * i, 2), nullptr, 16));
+    }
+    EXPECT_EQ(childRank(std::atoi(rank), id), "");
+}
+
+TEST(MultiProcess, TwoProcessesExchangeWorkspaces)
+{
+    REQUIRE_GPU();
+    if (gpuCount() < 2 || std::getenv("EDGELLM_TEST_CHILD_RANK") != nullptr)
+    {
+        GTEST_SKIP() << "needs 2 GPUs";
+    }
+    void* nccl = loadNccl();
+    ASSERT_NE(nccl, nullptr);
+    auto getId = reinterpret_cast<int (*)(NcclUniqueId*)>(dlsym(nccl, "ncclGetUniqueId"));
+    NcclUniqueId id{};
+    ASSERT_EQ(getId(&id), 0);
+    std::string hex;
+    char byte[3];
+    for (char c : id.internal)
+    {
+        std::snprintf(byte, sizeof byte, "%02x", static_cast<unsigned char>(c));
+        hex += byte;
+    }
+    std::vector<pid_t> children;
+    for (int r = 0; r < 2; ++r)
+    {
+        pid_t pid = fork();
+        ASSERT_GE(pid, 0);
+        if (pid == 0)
+        {
+            // A fresh process image (CUDA must not be used across fork): this binary, the child test.
+            setenv("EDGELLM_TEST_CHILD_RANK", std::to_string(r).c_str(), 1);
+            setenv("EDGELLM_TEST_NCCL_ID", hex.c_str(), 1);
+            setenv("CUDA_VISIBLE_DEVICES", std::to_string(r).c_str(), 1);
+            setenv("EDGELLM_PLUGIN_PATH", testlib::pluginPath(), 1);
+            execl("/proc/self/exe", "child", "--gtest_filter=MultiProcess.Child", static_cast<char*>(nullptr));
+            _exit(127);
+        }
+        children.push_back(pid);
+    }
+    for (pid_t pid : children)
+    {
+        int status = 0;
+        ASSERT_EQ(waitpid(pid, &status, 0), pid);
+        EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child exit status " << status;
+    }
 }

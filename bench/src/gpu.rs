@@ -1,0 +1,181 @@
+//! CUDA plumbing of the benchmark: device buffers, captures, timed batches, the watchdog.
+//! Contexts are the devices' primary contexts (cudarc's `CudaContext::new`), the same ones the
+//! library, NCCL and TensorRT use.
+
+use cudarc::driver::{sys, CudaContext, CudaEvent, CudaGraph, CudaStream};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+pub type Res<T> = Result<T, String>;
+
+/// Adds what was being done to an error.
+pub trait Context<T> {
+    fn ctx(self, what: &str) -> Res<T>;
+}
+impl<T, E: std::fmt::Debug> Context<T> for Result<T, E> {
+    fn ctx(self, what: &str) -> Res<T> {
+        self.map_err(|e| format!("{what}: {e:?}"))
+    }
+}
+
+pub fn check(call: &str, r: sys::CUresult) -> Res<()> {
+    match r {
+        sys::CUresult::CUDA_SUCCESS => Ok(()),
+        e => Err(format!("{call}: {e:?}")),
+    }
+}
+
+/// Number of CUDA devices, 0 when there is no driver.
+pub fn device_count() -> i32 {
+    // SAFETY: only probes for libcuda.
+    if !unsafe { sys::is_culib_present() } {
+        return 0;
+    }
+    CudaContext::device_count().unwrap_or(0)
+}
+
+/// The primary context of `ordinal`, with cudarc's event tracking off (the benchmark orders its
+/// streams itself, and tracking events would break graph capture).
+pub fn context(ordinal: usize) -> Res<Arc<CudaContext>> {
+    let ctx = CudaContext::new(ordinal).ctx(&format!("creating the context of device {ordinal}"))?;
+    // SAFETY: every buffer is used on explicitly ordered streams (events, synchronize).
+    unsafe { ctx.disable_event_tracking() };
+    Ok(ctx)
+}
+
+pub fn device_name(ctx: &CudaContext) -> String {
+    ctx.name().unwrap_or_else(|_| format!("device {}", ctx.ordinal()))
+}
+
+/// A device allocation (`cuMemAlloc`: 256-byte aligned), freed on drop.
+pub struct DevBuf {
+    pub ptr: u64,
+    pub bytes: usize,
+    ctx: Arc<CudaContext>,
+}
+
+impl DevBuf {
+    pub fn new(ctx: &Arc<CudaContext>, bytes: usize) -> Res<DevBuf> {
+        ctx.bind_to_thread().ctx("binding the context")?;
+        let mut ptr = 0;
+        // SAFETY: valid out-pointer, context current.
+        check("cuMemAlloc", unsafe { sys::cuMemAlloc_v2(&mut ptr, bytes.max(1)) })
+            .map_err(|e| format!("{e} ({} bytes on device {})", bytes, ctx.ordinal()))?;
+        Ok(DevBuf { ptr, bytes, ctx: ctx.clone() })
+    }
+
+    /// Copies `data` to the start of the buffer (synchronous).
+    pub fn upload(&self, data: &[u8]) -> Res<()> {
+        assert!(data.len() <= self.bytes);
+        self.ctx.bind_to_thread().ctx("binding the context")?;
+        // SAFETY: the destination holds data.len() bytes.
+        check("cuMemcpyHtoD", unsafe { sys::cuMemcpyHtoD_v2(self.ptr, data.as_ptr().cast(), data.len()) })
+    }
+
+    /// The first `len` bytes (synchronous; synchronize the writing stream first).
+    pub fn download(&self, len: usize) -> Res<Vec<u8>> {
+        assert!(len <= self.bytes);
+        self.ctx.bind_to_thread().ctx("binding the context")?;
+        let mut v = vec![0u8; len];
+        // SAFETY: the source holds len bytes, the destination too.
+        check("cuMemcpyDtoH", unsafe { sys::cuMemcpyDtoH_v2(v.as_mut_ptr().cast(), self.ptr, len) })?;
+        Ok(v)
+    }
+}
+
+impl Drop for DevBuf {
+    fn drop(&mut self) {
+        if self.ctx.bind_to_thread().is_ok() {
+            // SAFETY: allocated by cuMemAlloc in this context; the owner has synchronized.
+            unsafe {
+                sys::cuCtxSynchronize();
+                sys::cuMemFree_v2(self.ptr);
+            }
+        }
+    }
+}
+
+/// Fills `bytes` bytes at `ptr` with `value`, in stream order.
+pub fn memset_async(ptr: u64, value: u8, bytes: usize, stream: &CudaStream) -> Res<()> {
+    // SAFETY: ptr holds `bytes` bytes of the stream's device.
+    check("cuMemsetD8Async", unsafe { sys::cuMemsetD8Async(ptr, value, bytes, stream.cu_stream()) })
+}
+
+/// Captures what `enqueue` puts on `stream` into an instantiated, uploaded graph.
+pub fn capture(stream: &Arc<CudaStream>, enqueue: impl FnOnce() -> Res<()>) -> Res<CudaGraph> {
+    // Relaxed: the capture must not fail because another thread (another rank, NCCL's proxy)
+    // makes a call that is unsafe during a global capture.
+    stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED).ctx("cuStreamBeginCapture")?;
+    let enqueued = enqueue();
+    let ended = stream.end_capture(sys::CUgraphInstantiate_flags(0));
+    enqueued?;
+    let graph = ended.ctx("cuStreamEndCapture / cuGraphInstantiate")?.ok_or("the capture recorded nothing")?;
+    graph.upload().ctx("cuGraphUpload")?;
+    Ok(graph)
+}
+
+/// Two timing events on one stream.
+pub struct Timer {
+    start: CudaEvent,
+    stop: CudaEvent,
+}
+
+impl Timer {
+    pub fn new(ctx: &Arc<CudaContext>) -> Res<Timer> {
+        let ev = || ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT)).ctx("cuEventCreate");
+        Ok(Timer { start: ev()?, stop: ev()? })
+    }
+
+    pub fn events(&self) -> (&CudaEvent, &CudaEvent) {
+        (&self.start, &self.stop)
+    }
+
+    /// Waits for the stop event; the time per call (µs) of `calls` calls between the events.
+    pub fn wait_per_call_us(&self, calls: u32) -> Res<f64> {
+        self.stop.synchronize().ctx("cuEventSynchronize")?;
+        let ms = self.start.elapsed_ms(&self.stop).ctx("cuEventElapsedTime")?;
+        Ok(ms as f64 * 1000.0 / calls.max(1) as f64)
+    }
+}
+
+/// Aborts the process (exit 3) when no progress is reported for `limit`: the custom kernels
+/// spin on their peers, so a broken case hangs instead of failing.
+pub mod watchdog {
+    use super::*;
+
+    struct State {
+        last: Instant,
+        case: String,
+        limit: Duration,
+        note: String,
+    }
+    static STATE: Mutex<Option<State>> = Mutex::new(None);
+
+    pub fn start(limit: Duration, note: String) {
+        *STATE.lock().unwrap() = Some(State { last: Instant::now(), case: "setup".into(), limit, note });
+        std::thread::spawn(|| loop {
+            std::thread::sleep(Duration::from_millis(250));
+            let guard = STATE.lock().unwrap();
+            let Some(s) = guard.as_ref() else { continue };
+            if s.last.elapsed() > s.limit {
+                eprintln!("\nHANG: no progress for {:.0} s in {}; {}", s.limit.as_secs_f64(), s.case, s.note);
+                std::process::exit(3);
+            }
+        });
+    }
+
+    /// A new case begins.
+    pub fn at(case: String) {
+        if let Some(s) = STATE.lock().unwrap().as_mut() {
+            s.case = case;
+            s.last = Instant::now();
+        }
+    }
+
+    /// The current case made progress.
+    pub fn tick() {
+        if let Some(s) = STATE.lock().unwrap().as_mut() {
+            s.last = Instant::now();
+        }
+    }
+}

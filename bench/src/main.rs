@@ -1,0 +1,314 @@
+//! edgellm-allreduce-bench: latency and bandwidth of the custom all-reduce kernels, AUTO, the
+//! plugin path and NCCL, on simulated ranks (one GPU) or real ones (one GPU per rank). See
+//! bench/README.md.
+
+mod case;
+mod data;
+mod gpu;
+mod measure;
+mod nccl;
+mod plot;
+mod real;
+mod record;
+mod sim;
+mod stats;
+
+use case::{Case, Mode};
+use clap::{Args, Parser, Subcommand};
+use edgellm_allreduce::tensor::DataType;
+use measure::{Settings, Sink};
+use record::Status;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+#[derive(Parser)]
+#[command(name = "edgellm-allreduce-bench", version, about = "Benchmark of edgellm-allreduce's all-reduce paths (custom kernels, AUTO, plugin, NCCL)", args_conflicts_with_subcommands = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Makes the PNG from an existing CSV (no GPU needed).
+    Plot {
+        #[arg(long, default_value = "bench.csv")]
+        csv: PathBuf,
+        #[arg(long, default_value = "bench.png")]
+        plot: PathBuf,
+        /// TrueType font for the text (default: DejaVu Sans or another common font).
+        #[arg(long)]
+        font: Option<PathBuf>,
+    },
+    /// Prints the table of an existing CSV (no GPU needed).
+    Table {
+        #[arg(long, default_value = "bench.csv")]
+        csv: PathBuf,
+    },
+}
+
+#[derive(Args)]
+struct RunArgs {
+    /// sim: N simulated ranks on one GPU; real: one GPU per rank.
+    #[arg(long, value_enum, default_value_t = Mode::Sim)]
+    mode: Mode,
+    /// Rank counts, comma-separated [sim: 2,4,8; real: every GPU of the machine].
+    #[arg(long, value_delimiter = ',')]
+    ranks: Vec<i32>,
+    /// Element types: bf16, fp16, fp32 (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "bf16", value_parser = data::parse_dtype)]
+    dtype: Vec<DataType>,
+    /// Smallest message (bytes; K, M, G are powers of 1024).
+    #[arg(long, default_value = "1K", value_parser = stats::parse_bytes)]
+    min_bytes: u64,
+    /// Largest message.
+    #[arg(long, default_value = "64M", value_parser = stats::parse_bytes)]
+    max_bytes: u64,
+    /// Explicit message sizes instead of the powers of two from --min-bytes to --max-bytes.
+    #[arg(long, value_delimiter = ',', value_parser = stats::parse_bytes)]
+    sizes: Vec<u64>,
+    /// Rows: nccl, oneshot, twoshot, lamport, auto, plugin [all of the mode's].
+    #[arg(long, value_delimiter = ',', value_parser = parse_case)]
+    strategies: Vec<Case>,
+    /// Largest message the custom workspaces take [the library's default: 16 MB at 2 ranks,
+    /// 8 MB above]; e.g. 64M to cover the whole default sweep. Also given to the plugin's group
+    /// (EDGELLM_ALLREDUCE_WORKSPACE_BYTES).
+    #[arg(long, value_parser = stats::parse_bytes)]
+    workspace_bytes: Option<u64>,
+    /// Calls per timed batch [50; --quick: 10].
+    #[arg(long)]
+    replays: Option<u32>,
+    /// Timed batches; the median is over them [15; --quick: 5].
+    #[arg(long)]
+    batches: Option<u32>,
+    /// Untimed batches first [3; --quick: 1].
+    #[arg(long)]
+    warmup: Option<u32>,
+    /// Skip the eager (direct launch) timing.
+    #[arg(long)]
+    no_eager: bool,
+    /// Smoke run: sizes ×16 apart, fewer replays and batches.
+    #[arg(long)]
+    quick: bool,
+    /// CSV output, one row per (mode, ranks, dtype, bytes, strategy).
+    #[arg(long, default_value = "bench.csv")]
+    csv: PathBuf,
+    /// PNG output: latency against size.
+    #[arg(long, default_value = "bench.png")]
+    plot: PathBuf,
+    /// Do not draw the PNG.
+    #[arg(long)]
+    no_plot: bool,
+    /// TrueType font for the plot's text.
+    #[arg(long)]
+    font: Option<PathBuf>,
+    /// NCCL library for real mode [libnccl.so.2 from the loader's path].
+    #[arg(long)]
+    nccl_lib: Option<String>,
+    /// The GPU of simulation mode.
+    #[arg(long, default_value_t = 0)]
+    device: i32,
+    /// Seconds without progress after which the run is declared hung (exit 3).
+    #[arg(long, default_value_t = 120)]
+    timeout: u64,
+}
+
+fn parse_case(s: &str) -> Result<Case, String> {
+    Case::parse(s).ok_or_else(|| format!("unknown strategy '{s}' (nccl, oneshot, twoshot, lamport, auto, plugin)"))
+}
+
+/// What a run measures (resolved options).
+pub struct Plan {
+    pub ranks: Vec<i32>,
+    pub dtypes: Vec<DataType>,
+    pub sizes: Vec<u64>,
+    pub cases: Vec<Case>,
+    pub settings: Settings,
+    pub workspace_bytes: Option<u64>,
+    pub device: i32,
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let code = match cli.command {
+        Some(Command::Plot { csv, plot, font }) => read_csv(&csv).map_or(2, |records| draw(&records, &plot, font.as_deref())),
+        Some(Command::Table { csv }) => read_csv(&csv).map_or(2, |records| {
+            print!("{}", record::table(&records));
+            0
+        }),
+        None => run(cli.run),
+    };
+    std::process::exit(code);
+}
+
+fn read_csv(path: &Path) -> Option<Vec<record::Record>> {
+    let parsed = std::fs::read_to_string(path).map_err(|e| e.to_string()).and_then(|t| record::parse_csv(&t));
+    parsed.map_err(|e| eprintln!("error: {}: {e}", path.display())).ok()
+}
+
+/// Draws the PNG; 0, or 2 if it could not be written.
+fn draw(records: &[record::Record], path: &Path, font: Option<&Path>) -> i32 {
+    match plot::render(records, path, font) {
+        Ok(Some(f)) => {
+            eprintln!("plot: {} (font {})", path.display(), f.display());
+            0
+        }
+        Ok(None) => {
+            eprintln!("plot: {} without text: no font found (give one with --font)", path.display());
+            0
+        }
+        Err(e) => {
+            eprintln!("plot: {e}");
+            2
+        }
+    }
+}
+
+fn env_set(key: &str, value: &str) {
+    // Edition 2021: safe. Called before any thread or CUDA/NCCL initialisation.
+    std::env::set_var(key, value);
+}
+
+fn run(a: RunArgs) -> i32 {
+    // The environment first: CUDA reads CUDA_DEVICE_MAX_CONNECTIONS when a context is created,
+    // NCCL reads NCCL_* when it initialises, the library reads EDGELLM_* when a group forms.
+    if a.mode == Mode::Sim {
+        // Up to N rank streams must run concurrently on one GPU: with the default of 8 hardware
+        // queues, two ranks' streams could share one, serialize, and spin forever.
+        let current = std::env::var("CUDA_DEVICE_MAX_CONNECTIONS").ok().and_then(|v| v.parse::<u32>().ok());
+        if current.is_none_or(|c| c < 32) {
+            env_set("CUDA_DEVICE_MAX_CONNECTIONS", "32");
+        }
+    } else {
+        // No NVLink multicast (NVLS) objects: NCCL's NVLS algorithms are switched off.
+        env_set("NCCL_NVLS_ENABLE", "0");
+    }
+    if let Some(ws) = a.workspace_bytes {
+        env_set("EDGELLM_ALLREDUCE_WORKSPACE_BYTES", &ws.to_string());
+    }
+
+    let quick = a.quick;
+    let settings = Settings {
+        replays: a.replays.unwrap_or(if quick { 10 } else { 50 }).max(1),
+        batches: a.batches.unwrap_or(if quick { 5 } else { 15 }).max(1),
+        warmup: a.warmup.unwrap_or(if quick { 1 } else { 3 }),
+        eager: !a.no_eager,
+    };
+    let elem = a.dtype.iter().map(|d| d.size() as u64).max().unwrap_or(2);
+    let mut sizes: Vec<u64> = if a.sizes.is_empty() {
+        stats::sizes(a.min_bytes, a.max_bytes, elem, quick)
+    } else {
+        a.sizes.iter().map(|s| s.div_ceil(elem) * elem).collect()
+    };
+    sizes.sort_unstable();
+    sizes.dedup();
+    if sizes.is_empty() {
+        eprintln!("error: no message size between {} and {} bytes", a.min_bytes, a.max_bytes);
+        return 2;
+    }
+    let cases: Vec<Case> = if a.strategies.is_empty() { Case::defaults(a.mode) } else { a.strategies.clone() };
+
+    let gpus = gpu::device_count();
+    if gpus == 0 {
+        eprintln!("error: no CUDA device (or no libcuda)");
+        return 2;
+    }
+    let ranks = if !a.ranks.is_empty() {
+        a.ranks.clone()
+    } else if a.mode == Mode::Sim {
+        vec![2, 4, 8]
+    } else {
+        vec![gpus]
+    };
+    if a.mode == Mode::Sim {
+        if let Some(bad) = ranks.iter().find(|n| !edgellm_allreduce::kernels::RANK_COUNTS.contains(n)) {
+            eprintln!("error: --ranks {bad}: the kernels exist for {:?} ranks", edgellm_allreduce::kernels::RANK_COUNTS);
+            return 2;
+        }
+        if a.device < 0 || a.device >= gpus {
+            eprintln!("error: --device {}: this machine has {gpus} GPU(s)", a.device);
+            return 2;
+        }
+    } else if gpus < 2 {
+        eprintln!("error: real mode needs 2 or more GPUs; this machine has {gpus} (use --mode sim)");
+        return 2;
+    }
+    let plan = Plan { ranks, dtypes: a.dtype.clone(), sizes, cases, settings, workspace_bytes: a.workspace_bytes, device: a.device };
+
+    println!(
+        "edgellm-allreduce-bench: mode {}, ranks {:?}, {}, {} sizes {}..{}, rows {}",
+        a.mode.name(),
+        plan.ranks,
+        plan.dtypes.iter().map(|d| data::dtype_name(*d)).collect::<Vec<_>>().join(","),
+        plan.sizes.len(),
+        stats::fmt_bytes(plan.sizes[0]),
+        stats::fmt_bytes(*plan.sizes.last().unwrap()),
+        plan.cases.iter().map(|c| c.name()).collect::<Vec<_>>().join(",")
+    );
+    println!(
+        "timing: each CUDA graph holds one all-reduce{}; {} replays per batch, {} warm-up + {} timed batches, median (p10, p90 in the CSV){}",
+        if a.mode == Mode::Sim { " (fork, N rank launches, join)" } else { ", one graph per device, batches started together" },
+        settings.replays,
+        settings.warmup,
+        settings.batches,
+        if settings.eager { "; eager: the same batches with direct launches" } else { "" }
+    );
+    for var in ["EDGELLM_ALLREDUCE_STRATEGY", "EDGELLM_ALLREDUCE_MAX_BLOCKS", "EDGELLM_ALLREDUCE_PDL", "EDGELLM_ALLREDUCE_WORKSPACE_BYTES"] {
+        if let Ok(v) = std::env::var(var) {
+            println!("environment: {var}={v}");
+        }
+    }
+
+    let csv = match record::CsvWriter::create(&a.csv) {
+        Ok(w) => Some(w),
+        Err(e) => {
+            eprintln!("error: creating {}: {e}", a.csv.display());
+            return 2;
+        }
+    };
+    gpu::watchdog::start(std::time::Duration::from_secs(a.timeout.max(5)), format!("rows so far are in {}", a.csv.display()));
+    let total = (plan.ranks.len() * plan.dtypes.len() * plan.sizes.len() * plan.cases.len()) as u64;
+    let sink = Mutex::new(Sink::new(csv, total));
+
+    let outcome = match a.mode {
+        Mode::Sim => sim::run(&plan, &sink),
+        Mode::Real => {
+            let (nccl, note) = match nccl::Nccl::load(a.nccl_lib.as_deref()) {
+                Ok(l) => (Some(l), String::new()),
+                Err(e) => {
+                    sink.lock().unwrap().bar.println(format!("warning: {e}; the NCCL and plugin rows are skipped"));
+                    (None, e)
+                }
+            };
+            // Never unloaded: NCCL's threads may outlive any point where that is safe.
+            let nccl: Option<&'static nccl::Nccl> = nccl.map(|l| &*Box::leak(Box::new(l)));
+            real::run(&plan, nccl, &note, &sink)
+        }
+    };
+    let sink = sink.into_inner().unwrap();
+    sink.bar.finish_and_clear();
+    let records = sink.records;
+    print!("{}", record::table(&records));
+    println!("\nCSV: {}", a.csv.display());
+    let mut code = 0;
+    if !a.no_plot && draw(&records, &a.plot, a.font.as_deref()) != 0 {
+        code = 2;
+    }
+    let failed = records.iter().filter(|r| r.status == Status::Failed).count();
+    let errors = records.iter().filter(|r| r.status == Status::Error).count();
+    if let Err(e) = &outcome {
+        eprintln!("error: the run stopped: {}", e.0);
+        code = 2;
+    }
+    if failed > 0 {
+        eprintln!("{failed} row(s) FAILED their correctness check");
+        code = code.max(1);
+    }
+    if errors > 0 {
+        eprintln!("{errors} row(s) had an error");
+        code = 2;
+    }
+    code
+}

@@ -1,0 +1,326 @@
+//! Real mode: one GPU per rank, one thread per GPU, in this process (Edge-LLM's single-process
+//! multi-GPU mode). Rows: NCCL called directly, each custom family through an in-process
+//! group (`Group::in_process`), AUTO's pick, and the plugin path (`PluginCore::enqueue` after
+//! registering the NCCL communicators, which forms the plugin's own group, as a TensorRT
+//! runtime does). Each device captures its own graph; a batch starts on every device after a
+//! barrier and the batch's time is its slowest device's.
+
+use crate::case::{path_name, Case};
+use crate::data::{self, dtype_name, trt_code, OutputCheck};
+use crate::gpu::{self, memset_async, Context, DevBuf, Res, Timer};
+use crate::measure::{self, Fatal, Meeting, Member, Runner, Sink, Team};
+use crate::nccl::Nccl;
+use crate::record::{Record, Status};
+use crate::stats::fmt_bytes;
+use crate::Plan;
+use cudarc::driver::{CudaContext, CudaStream};
+use edgellm_allreduce::fields::PluginConfig;
+use edgellm_allreduce::kernels::Family;
+use edgellm_allreduce::plugin::PluginCore;
+use edgellm_allreduce::strategy::{self, Call, Capability, Path, Requested};
+use edgellm_allreduce::tensor::DataType;
+use edgellm_allreduce::workspace::{self, Group};
+use edgellm_allreduce::{abi, TensorDesc};
+use std::ffi::c_void;
+use std::sync::{Arc, Mutex, RwLock};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Launch {
+    Nccl,
+    Custom(Family),
+    Plugin,
+}
+
+/// What the threads of one rank count share.
+struct Shared<'a> {
+    plan: &'a Plan,
+    nranks: i32,
+    devices: Vec<i32>,
+    ctxs: Vec<Arc<CudaContext>>,
+    meeting: Meeting,
+    reference: RwLock<Vec<f64>>,
+    /// The direct rows' group, or why there is none.
+    group: Result<Group, String>,
+    nccl: Option<&'a Nccl>,
+    /// One communicator per rank, or why there are none.
+    comms: Result<Vec<usize>, String>,
+    /// Whether the communicators are registered with the plugin library.
+    registered: bool,
+    sink: &'a Mutex<Sink>,
+    label: String,
+}
+
+impl Shared<'_> {
+    fn capability(&self) -> Option<&dyn Capability> {
+        self.group.as_ref().ok().map(|g| g as &dyn Capability)
+    }
+
+    /// What a row runs at this size (and the path it takes), or why it cannot run.
+    fn plan(&self, case: Case, dtype: DataType, bytes: u64) -> Result<(Launch, &'static str), String> {
+        let nccl = || match &self.comms {
+            Ok(_) => Ok((Launch::Nccl, "nccl")),
+            Err(e) => Err(e.clone()),
+        };
+        let call = Call { tp_size: self.nranks, dtype, bytes, aligned: true };
+        match case {
+            Case::Nccl => nccl(),
+            Case::Custom(f) => match &self.group {
+                Err(e) => Err(e.clone()),
+                Ok(g) if g.serves(f, dtype, bytes) => Ok((Launch::Custom(f), case.name())),
+                Ok(g) => Err(format!("{} serves up to {} with this workspace", case.name(), fmt_bytes(f.max_bytes(g.max_bytes)))),
+            },
+            Case::Auto => match strategy::choose(Requested::Auto, &call, self.capability()).path {
+                Path::Custom(f) => Ok((Launch::Custom(f), Case::Custom(f).name())),
+                _ => nccl().map_err(|e| format!("AUTO picks NCCL here, and {e}")),
+            },
+            Case::Plugin => {
+                if !self.registered {
+                    return Err(match &self.comms {
+                        Err(e) => format!("the plugin runs on registered NCCL communicators, and {e}"),
+                        Ok(_) => "registering the communicators with the plugin library failed".into(),
+                    });
+                }
+                // The plugin's own decision, as its enqueue will make it on device `devices[0]`.
+                let config = PluginConfig::with_tp_size(self.nranks).map_err(|e| e.to_string())?;
+                let group = workspace::group_for(self.devices[0]);
+                let cap = group.as_ref().map(|(g, _)| &**g as &dyn Capability);
+                Ok((Launch::Plugin, path_name(strategy::choose(strategy::requested(&config), &call, cap).path)))
+            }
+        }
+    }
+}
+
+/// One rank's thread: its device, stream, buffers.
+struct Worker<'a> {
+    shared: &'a Shared<'a>,
+    rank: usize,
+    stream: Arc<CudaStream>,
+    input: DevBuf,
+    output: DevBuf,
+    core: PluginCore,
+}
+
+struct RealRun<'a> {
+    w: &'a Worker<'a>,
+    launch: Launch,
+    dtype: DataType,
+    count: usize,
+    reference: &'a [f64],
+}
+
+impl Runner for RealRun<'_> {
+    fn stream(&self) -> &Arc<CudaStream> {
+        &self.w.stream
+    }
+    fn poison(&self) -> Res<()> {
+        memset_async(self.w.output.ptr, data::POISON, self.count * self.dtype.size(), &self.w.stream)
+    }
+    fn enqueue(&self) -> Res<()> {
+        let (w, sh) = (self.w, self.w.shared);
+        let (input, output, stream) = (w.input.ptr, w.output.ptr, w.stream.cu_stream() as usize);
+        match self.launch {
+            // SAFETY: buffers of `count` elements on this rank's device, its stream; every rank
+            // enqueues the same call.
+            Launch::Nccl => unsafe {
+                let comm = sh.comms.as_ref().expect("planned with NCCL")[w.rank];
+                sh.nccl.expect("planned with NCCL").all_reduce(input, output, self.count, self.dtype, comm, stream)
+            },
+            Launch::Custom(f) => unsafe {
+                let group = sh.group.as_ref().expect("planned with a group");
+                group.launch(w.rank as i32, f, self.dtype, input as usize, output as usize, self.count, stream).map_err(|e| e.to_string())
+            },
+            Launch::Plugin => {
+                let mut dims = [0i64; 8];
+                dims[0] = self.count as i64;
+                let desc = TensorDesc { nb_dims: 1, dims, dtype: trt_code(self.dtype), format: 0 };
+                w.core.enqueue(&[desc], &[desc], &[input as usize], &[output as usize], stream).map_err(|e| format!("PluginCore::enqueue: {e}"))
+            }
+        }
+    }
+    fn check(&self) -> Res<Vec<OutputCheck>> {
+        let out = self.w.output.download(self.count * self.dtype.size())?;
+        Ok(vec![data::check_output(&out, self.reference, self.dtype)])
+    }
+}
+
+fn worker(shared: &Shared, rank: usize) -> Result<(), Fatal> {
+    let team = Member { meeting: &shared.meeting, rank };
+    let plan = shared.plan;
+    let s = &plan.settings;
+    let ctx = &shared.ctxs[rank];
+    let buf_bytes = *plan.sizes.iter().max().unwrap_or(&1) as usize;
+    let setup = (|| -> Res<(Worker, Timer)> {
+        ctx.bind_to_thread().ctx("binding the context")?;
+        let core = PluginCore::new(PluginConfig::with_tp_size(shared.nranks).map_err(|e| e.to_string())?).map_err(|e| e.to_string())?;
+        let w = Worker {
+            shared,
+            rank,
+            stream: ctx.new_stream().ctx("cuStreamCreate")?,
+            input: DevBuf::new(ctx, buf_bytes)?,
+            output: DevBuf::new(ctx, buf_bytes)?,
+            core,
+        };
+        Ok((w, Timer::new(ctx)?))
+    })();
+    let failed: Vec<Option<String>> = team.gather(setup.as_ref().err().cloned());
+    if let Some((r, e)) = failed.into_iter().enumerate().find_map(|(r, e)| e.map(|e| (r, e))) {
+        return Err(Fatal(format!("setting up rank {r} (device {}): {e}", shared.devices[r])));
+    }
+    let (w, timer) = setup.expect("checked");
+    let message = |m: String| {
+        if rank == 0 {
+            shared.sink.lock().unwrap().message(m);
+        }
+    };
+
+    for &dtype in &plan.dtypes {
+        for &bytes in &plan.sizes {
+            let count = bytes as usize / dtype.size();
+            let label = format!("real {} ranks {} {}", shared.nranks, dtype_name(dtype), fmt_bytes(bytes));
+            message(format!("{label}: data"));
+            if rank == 0 {
+                *shared.reference.write().unwrap() = vec![0f64; count];
+            }
+            team.barrier();
+            let mine = data::generate(count, dtype, data::seed(shared.nranks, bytes, rank), None);
+            {
+                let mut reference = shared.reference.write().unwrap();
+                data::accumulate(&mine, dtype, &mut reference);
+            }
+            let uploaded = w.input.upload(&mine);
+            drop(mine);
+            let failed: Vec<Option<String>> = team.gather(uploaded.err());
+            if let Some((r, e)) = failed.into_iter().enumerate().find_map(|(r, e)| e.map(|e| (r, e))) {
+                return Err(Fatal(format!("rank {r}: uploading the input: {e}")));
+            }
+            let reference = shared.reference.read().unwrap();
+            for &case in &plan.cases {
+                let mut r = Record::new("real", shared.nranks, dtype_name(dtype), bytes, case.name(), &shared.label);
+                match shared.plan(case, dtype, bytes) {
+                    Err(why) => {
+                        if rank == 0 {
+                            r.note = why;
+                            shared.sink.lock().unwrap().push(r, true);
+                        }
+                    }
+                    Ok((launch, path)) => {
+                        message(format!("{label} {}", case.name()));
+                        let runner = RealRun { w: &w, launch, dtype, count, reference: &reference };
+                        let m = measure::measure(&runner, &team, &timer, s, dtype)?;
+                        if rank == 0 {
+                            r.path = path.into();
+                            m.fill(&mut r, s, None);
+                            shared.sink.lock().unwrap().push(r, true);
+                        }
+                    }
+                }
+            }
+            drop(reference);
+        }
+    }
+
+    // Teardown: the plugin's registrations first (its group goes), then the communicators,
+    // each destroyed by its own device's thread.
+    w.stream.synchronize().ctx("synchronize").map_err(Fatal)?;
+    team.barrier();
+    if rank == 0 && shared.registered {
+        if let Ok(comms) = &shared.comms {
+            for (d, c) in shared.devices.iter().zip(comms) {
+                abi::edgellmUnregisterNcclCommForAllReducePlugin(*d, *c as *mut c_void);
+            }
+        }
+    }
+    team.barrier();
+    if let (Ok(comms), Some(nccl)) = (&shared.comms, shared.nccl) {
+        if let Err(e) = nccl.destroy(comms[rank]) {
+            shared.sink.lock().unwrap().bar.println(format!("warning: rank {rank}: {e}"));
+        }
+    }
+    team.barrier();
+    Ok(())
+}
+
+pub fn run(plan: &Plan, nccl: Option<&Nccl>, nccl_note: &str, sink: &Mutex<Sink>) -> Result<(), Fatal> {
+    let available = gpu::device_count();
+    let say = |m: String| sink.lock().unwrap().bar.println(m);
+    for &n in &plan.ranks {
+        if n < 2 || n > available {
+            let e = format!("real mode with {n} ranks needs {n} GPUs (2 or more); this machine has {available}");
+            let mut sink = sink.lock().unwrap();
+            sink.bar.println(format!("skipped: {e}"));
+            for dtype in &plan.dtypes {
+                for &bytes in &plan.sizes {
+                    for case in &plan.cases {
+                        let mut r = Record::new("real", n, dtype_name(*dtype), bytes, case.name(), "");
+                        r.status = Status::NotApplicable;
+                        r.note = e.clone();
+                        sink.push(r, true);
+                    }
+                }
+            }
+            continue;
+        }
+        let devices: Vec<i32> = (0..n).collect();
+        sink.lock().unwrap().message(format!("real {n} ranks: setting up"));
+        let ctxs = devices.iter().map(|&d| gpu::context(d as usize)).collect::<Res<Vec<_>>>().map_err(Fatal)?;
+        let ws = plan.workspace_bytes.unwrap_or_else(|| workspace::max_message_bytes(n));
+        let group = Group::in_process(&devices, ws).map_err(|e| format!("no custom group: {e}"));
+        let comms = match nccl {
+            Some(nccl) => nccl.init_all(&devices),
+            None => Err(format!("no NCCL ({nccl_note})")),
+        };
+        let mut registered = false;
+        if let (Ok(comms), Some(nccl)) = (&comms, nccl) {
+            registered = devices.iter().zip(comms).all(|(&d, &c)| {
+                abi::edgellmRegisterNcclCommForAllReducePlugin(d, c as *mut c_void, nccl.all_reduce_address() as *mut c_void)
+            });
+        }
+        let plugin_ranks = if registered { abi::edgellmAllReduceCustomRanks(devices[0]) } else { 0 };
+        let names: Vec<String> = ctxs.iter().map(|c| gpu::device_name(c)).collect();
+        let label = if names.iter().all(|x| x == &names[0]) { format!("{n}× {}", names[0]) } else { names.join(" + ") };
+        say(format!(
+            "real {n} ranks on GPUs {devices:?} ({label}): custom group {}; NCCL {}; plugin {}",
+            match &group {
+                Ok(g) => format!("ready (grid ≤ {} CTAs, messages up to {})", g.max_blocks, fmt_bytes(g.max_bytes)),
+                Err(e) => e.clone(),
+            },
+            match (&comms, nccl) {
+                (Ok(_), Some(l)) => format!("{} ({})", l.version_string(), l.path),
+                (Err(e), _) => e.clone(),
+                _ => String::new(),
+            },
+            if !registered {
+                "not registered (no NCCL)".to_string()
+            } else if plugin_ranks == n {
+                format!("registered, its custom group formed ({n} ranks)")
+            } else {
+                "registered, but no custom group formed: the plugin runs NCCL".to_string()
+            }
+        ));
+        let shared = Shared {
+            plan,
+            nranks: n,
+            devices: devices.clone(),
+            ctxs,
+            meeting: Meeting::new(n as usize),
+            reference: RwLock::new(Vec::new()),
+            group,
+            nccl,
+            comms,
+            registered,
+            sink,
+            label,
+        };
+        let results: Vec<Result<(), Fatal>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..n as usize).map(|rank| scope.spawn({
+                let shared = &shared;
+                move || worker(shared, rank)
+            })).collect();
+            handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(Fatal("a rank's thread panicked".into())))).collect()
+        });
+        if let Some(Err(e)) = results.into_iter().find(|r| r.is_err()) {
+            return Err(e);
+        }
+    }
+    Ok(())
+}

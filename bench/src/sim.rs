@@ -1,0 +1,264 @@
+//! Simulation mode: N ranks on one GPU (`Group::simulated`), each rank's kernel on its own
+//! stream; one all-reduce = the N rank streams forked from and joined back to one origin
+//! stream (events), captured as ONE graph. The ranks share one GPU's memory and SMs (no
+//! NVLink): this measures the kernels' protocol costs and memory efficiency, not a real
+//! interconnect. `floor` is the same fork/join graph with a 1-byte memset per rank stream in
+//! place of the kernels: the cost of the method itself. `copy` is the roofline: a large
+//! device-to-device copy, counting bytes read plus written.
+
+use crate::case::{path_name, Case, Mode};
+use crate::data::{self, dtype_name, OutputCheck};
+use crate::gpu::{self, capture, memset_async, watchdog, Context, DevBuf, Res, Timer};
+use crate::measure::{self, Fatal, Measured, Runner, Settings, Sink, Solo};
+use crate::record::{Record, Status, COPY, FLOOR};
+use crate::stats::{self, fmt_bytes};
+use crate::Plan;
+use cudarc::driver::{sys, CudaContext, CudaEvent, CudaStream};
+use edgellm_allreduce::kernels::Family;
+use edgellm_allreduce::strategy::{self, Call, Path, Requested};
+use edgellm_allreduce::tensor::DataType;
+use edgellm_allreduce::workspace::{self, Group};
+use std::sync::{Arc, Mutex};
+
+/// N simulated ranks and their streams and buffers.
+struct Sim {
+    ctx: Arc<CudaContext>,
+    group: Group,
+    origin: Arc<CudaStream>,
+    streams: Vec<Arc<CudaStream>>,
+    fork: CudaEvent,
+    joins: Vec<CudaEvent>,
+    inputs: Vec<DevBuf>,
+    outputs: Vec<DevBuf>,
+}
+
+impl Sim {
+    fn new(ctx: &Arc<CudaContext>, origin: &Arc<CudaStream>, device: i32, nranks: i32, ws_bytes: u64, buf_bytes: usize) -> Res<Sim> {
+        let group = Group::simulated(device, nranks, ws_bytes).map_err(|e| format!("Group::simulated({nranks} ranks): {e}"))?;
+        let n = nranks as usize;
+        let streams = (0..n).map(|_| ctx.new_stream().ctx("cuStreamCreate")).collect::<Res<Vec<_>>>()?;
+        let joins = (0..n).map(|_| ctx.new_event(None).ctx("cuEventCreate")).collect::<Res<Vec<_>>>()?;
+        Ok(Sim {
+            ctx: ctx.clone(),
+            group,
+            origin: origin.clone(),
+            streams,
+            fork: ctx.new_event(None).ctx("cuEventCreate")?,
+            joins,
+            inputs: (0..n).map(|_| DevBuf::new(ctx, buf_bytes)).collect::<Res<_>>()?,
+            outputs: (0..n).map(|_| DevBuf::new(ctx, buf_bytes)).collect::<Res<_>>()?,
+        })
+    }
+
+    /// Fork from the origin stream, `body(rank, stream)` on every rank stream, join back.
+    fn fork_join(&self, body: impl Fn(usize, &CudaStream) -> Res<()>) -> Res<()> {
+        self.fork.record(&self.origin).ctx("cuEventRecord")?;
+        for (rank, s) in self.streams.iter().enumerate() {
+            s.wait(&self.fork).ctx("cuStreamWaitEvent")?;
+            body(rank, s)?;
+            self.joins[rank].record(s).ctx("cuEventRecord")?;
+            self.origin.wait(&self.joins[rank]).ctx("cuStreamWaitEvent")?;
+        }
+        Ok(())
+    }
+}
+
+/// One row's runner: a family on every simulated rank.
+struct SimRun<'a> {
+    sim: &'a Sim,
+    family: Family,
+    dtype: DataType,
+    count: usize,
+    reference: &'a [f64],
+}
+
+impl Runner for SimRun<'_> {
+    fn stream(&self) -> &Arc<CudaStream> {
+        &self.sim.origin
+    }
+    fn poison(&self) -> Res<()> {
+        let bytes = self.count * self.dtype.size();
+        self.sim.outputs.iter().try_for_each(|o| memset_async(o.ptr, data::POISON, bytes, &self.sim.origin))
+    }
+    fn enqueue(&self) -> Res<()> {
+        let (sim, count) = (self.sim, self.count);
+        sim.fork_join(|rank, s| {
+            // SAFETY: the buffers hold `count` elements and are 256-byte aligned; every rank of
+            // the group gets the same call, in the same order.
+            unsafe {
+                sim.group.launch(rank as i32, self.family, self.dtype, sim.inputs[rank].ptr as usize, sim.outputs[rank].ptr as usize, count, s.cu_stream() as usize)
+            }
+            .map_err(|e| format!("launch of rank {rank}: {e}"))
+        })
+    }
+    fn check(&self) -> Res<Vec<OutputCheck>> {
+        let bytes = self.count * self.dtype.size();
+        let outs = self.sim.outputs.iter().map(|o| o.download(bytes)).collect::<Res<Vec<_>>>()?;
+        Ok(std::thread::scope(|s| {
+            let handles: Vec<_> = outs.iter().map(|o| s.spawn(|| data::check_output(o, self.reference, self.dtype))).collect();
+            handles.into_iter().map(|h| h.join().expect("check thread")).collect()
+        }))
+    }
+}
+
+/// Times `launch` alone (one thread, no checks): the per-call µs summary.
+fn time_alone(stream: &CudaStream, timer: &Timer, s: &Settings, launch: &dyn Fn() -> Res<()>) -> Res<stats::Summary> {
+    let mut times = Vec::new();
+    for b in 0..s.warmup + s.batches {
+        let (start, stop) = timer.events();
+        start.record(stream).ctx("cuEventRecord")?;
+        for _ in 0..s.replays {
+            launch()?;
+        }
+        stop.record(stream).ctx("cuEventRecord")?;
+        let us = timer.wait_per_call_us(s.replays)?;
+        if b >= s.warmup {
+            times.push(us);
+        }
+        watchdog::tick();
+    }
+    Ok(stats::summarize(&times))
+}
+
+/// The copy roofline: bytes of a large device-to-device copy (read + written) per second.
+fn roofline(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, timer: &Timer, s: &Settings) -> Res<(u64, stats::Summary, f64)> {
+    let (free, _) = ctx.mem_get_info().ctx("cuMemGetInfo")?;
+    let bytes = (256usize << 20).min(free / 8).max(1 << 20);
+    let (src, dst) = (DevBuf::new(ctx, bytes)?, DevBuf::new(ctx, bytes)?);
+    memset_async(src.ptr, 0x3c, bytes, stream)?;
+    let copy = || {
+        // SAFETY: both buffers hold `bytes` bytes of this device.
+        gpu::check("cuMemcpyDtoDAsync", unsafe { sys::cuMemcpyDtoDAsync_v2(dst.ptr, src.ptr, bytes, stream.cu_stream()) })
+    };
+    let graph = capture(stream, copy)?;
+    let settings = Settings { replays: s.replays.min(20), ..*s };
+    let t = time_alone(stream, timer, &settings, &|| graph.launch().ctx("cuGraphLaunch"))?;
+    stream.synchronize().ctx("synchronize")?;
+    Ok((bytes as u64, t, 2.0 * bytes as f64 / (t.median * 1e-6) / 1e9))
+}
+
+enum Step {
+    Run(Family),
+    Skip(String),
+}
+
+/// What a row runs at this size, or why it cannot.
+fn plan(case: Case, group: &Group, dtype: DataType, bytes: u64) -> Step {
+    let serve = |f: Family| {
+        if group.serves(f, dtype, bytes) {
+            Step::Run(f)
+        } else {
+            Step::Skip(format!("{} serves up to {} with this workspace", Case::Custom(f).name(), fmt_bytes(f.max_bytes(group.max_bytes))))
+        }
+    };
+    match case {
+        Case::Custom(f) => serve(f),
+        Case::Auto => {
+            let call = Call { tp_size: group.nranks, dtype, bytes, aligned: true };
+            match strategy::choose(Requested::Auto, &call, Some(group as &dyn strategy::Capability)).path {
+                Path::Custom(f) => Step::Run(f),
+                p => Step::Skip(format!("AUTO picks {} here (no NCCL in simulation)", path_name(p))),
+            }
+        }
+        Case::Nccl | Case::Plugin => Step::Skip("real mode only".into()),
+    }
+}
+
+pub fn run(plan_: &Plan, sink: &Mutex<Sink>) -> Result<(), Fatal> {
+    let fatal = |e: String| Fatal(e);
+    let s = &plan_.settings;
+    let ctx = gpu::context(plan_.device as usize).map_err(fatal)?;
+    let device = format!("GPU {} {}", plan_.device, gpu::device_name(&ctx));
+    let origin = ctx.new_stream().ctx("cuStreamCreate").map_err(fatal)?;
+    let timer = Timer::new(&ctx).map_err(fatal)?;
+    sink.lock().unwrap().message("copy roofline".into());
+    let (copy_bytes, copy_t, roof) = roofline(&ctx, &origin, &timer, s).map_err(fatal)?;
+    sink.lock().unwrap().bar.println(format!("{device}: copy roofline {roof:.0} GB/s (read + write of {})", fmt_bytes(copy_bytes)));
+    let buf_bytes = *plan_.sizes.iter().max().unwrap_or(&1) as usize;
+
+    for &n in &plan_.ranks {
+        let ws = plan_.workspace_bytes.unwrap_or_else(|| workspace::max_message_bytes(n));
+        sink.lock().unwrap().message(format!("sim {n} ranks: setting up"));
+        let sim = match Sim::new(&ctx, &origin, plan_.device, n, ws, buf_bytes) {
+            Ok(sim) => sim,
+            Err(e) => {
+                let mut sink = sink.lock().unwrap();
+                for dtype in &plan_.dtypes {
+                    for &bytes in &plan_.sizes {
+                        for case in &plan_.cases {
+                            let mut r = Record::new("sim", n, dtype_name(*dtype), bytes, case.name(), &device);
+                            r.status = Status::Error;
+                            r.note = e.clone();
+                            sink.push(r, true);
+                        }
+                    }
+                }
+                continue;
+            }
+        };
+        let sub = format!("{device}, {n} ranks × grid ≤ {} CTAs, workspace {}", sim.group.max_blocks, fmt_bytes(ws));
+        // The floor of the method: fork, a 1-byte memset per rank stream, join.
+        sink.lock().unwrap().message(format!("sim {n} ranks: floor"));
+        let floor = (|| {
+            let graph = capture(&origin, || sim.fork_join(|rank, st| memset_async(sim.outputs[rank].ptr, 0, 1, st)))?;
+            time_alone(&origin, &timer, s, &|| graph.launch().ctx("cuGraphLaunch"))
+        })();
+        for dtype in &plan_.dtypes {
+            let mut sink = sink.lock().unwrap();
+            let mut f = Record::new("sim", n, dtype_name(*dtype), 0, FLOOR, &sub);
+            f.path = "fork/join + 1-byte memset per rank".into();
+            match &floor {
+                Ok(t) => {
+                    f.status = Status::Ok;
+                    (f.median_us, f.p10_us, f.p90_us) = (Some(t.median), Some(t.p10), Some(t.p90));
+                }
+                Err(e) => {
+                    f.status = Status::Error;
+                    f.note = e.clone();
+                }
+            }
+            (f.replays, f.batches) = (s.replays, s.batches);
+            sink.push(f, false);
+            let mut c = Record::new("sim", n, dtype_name(*dtype), copy_bytes, COPY, &sub);
+            c.status = Status::Ok;
+            c.path = "cuMemcpyDtoDAsync, read + write".into();
+            (c.median_us, c.p10_us, c.p90_us, c.algbw_gbps) = (Some(copy_t.median), Some(copy_t.p10), Some(copy_t.p90), Some(roof));
+            (c.replays, c.batches) = (s.replays.min(20), s.batches);
+            sink.push(c, false);
+        }
+
+        for &dtype in &plan_.dtypes {
+            for &bytes in &plan_.sizes {
+                let count = bytes as usize / dtype.size();
+                let label = format!("sim {n} ranks {} {}", dtype_name(dtype), fmt_bytes(bytes));
+                sink.lock().unwrap().message(format!("{label}: data"));
+                let mut reference = vec![0f64; count];
+                for (rank, input) in sim.inputs.iter().enumerate() {
+                    let bytes_ = data::generate(count, dtype, data::seed(n, bytes, rank), Some(&mut reference));
+                    input.upload(&bytes_).map_err(fatal)?;
+                }
+                for &case in &plan_.cases {
+                    let mut r = Record::new("sim", n, dtype_name(dtype), bytes, case.name(), &sub);
+                    match plan(case, &sim.group, dtype, bytes) {
+                        Step::Skip(why) => {
+                            r.note = why;
+                            sink.lock().unwrap().push(r, true);
+                        }
+                        Step::Run(family) => {
+                            sink.lock().unwrap().message(format!("{label} {}", case.name()));
+                            r.path = Case::Custom(family).name().into();
+                            let runner = SimRun { sim: &sim, family, dtype, count, reference: &reference };
+                            let m: Measured = measure::measure(&runner, &Solo, &timer, s, dtype)?;
+                            m.fill(&mut r, s, Some(roof));
+                            sink.lock().unwrap().push(r, true);
+                        }
+                    }
+                }
+            }
+        }
+        sim.origin.synchronize().ctx("synchronize").map_err(fatal)?;
+        let _ = &sim.ctx;
+        let _ = Mode::Sim;
+    }
+    Ok(())
+}

@@ -1,0 +1,166 @@
+// sim_common.cuh: harness plumbing shared by sim_ranks.cu (plain all-reduce) and
+// sim_fused.cu (fused all-reduce + residual + RMSNorm): CUDA error/hang handling, the
+// dtype/family tables and plain kernel table, the input generator, PASS/FAIL reporting.
+// Included once per harness translation unit (everything here is static or inline).
+#pragma once
+
+#include <algorithm>
+#include <cstdarg>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <chrono>
+#include <vector>
+
+#include <cuda_runtime.h>
+
+#include "../../../kernels/lamport.cu"
+#include "../../../kernels/oneshot.cu"
+#include "../../../kernels/twoshot.cu"
+
+// ---------------------------------------------------------------------------------------
+// Plumbing
+
+static double g_timeout_s = 10.0;
+static std::string g_case = "setup";
+
+static void check_cuda(cudaError_t e, const char* what, int line) {
+  if (e != cudaSuccess) {
+    std::printf("CUDA error %s (%s) at line %d in case [%s]\n", cudaGetErrorString(e), what,
+                line, g_case.c_str());
+    std::fflush(stdout);
+    std::_Exit(2);
+  }
+}
+#define CK(x) check_cuda((x), #x, __LINE__)
+
+// Watchdog: a deadlock (or a kernel far too slow) prints the case and exits non-zero.
+static void wait_stream(cudaStream_t s) {
+  auto t0 = std::chrono::steady_clock::now();
+  for (;;) {
+    cudaError_t e = cudaStreamQuery(s);
+    if (e == cudaSuccess) return;
+    if (e != cudaErrorNotReady) CK(e);
+    double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (dt > g_timeout_s) {
+      std::printf("HANG: no completion after %.0f s in case [%s]\n", g_timeout_s,
+                  g_case.c_str());
+      std::fflush(stdout);
+      std::_Exit(3);
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
+enum Fam { ONESHOT = 0, TWOSHOT = 1, LAMPORT = 2 };
+enum Dt { F32 = 0, F16 = 1, BF16 = 2 };
+static const char* kFamName[] = {"oneshot", "twoshot", "lamport"};
+static const char* kDtName[] = {"f32", "f16", "bf16"};
+static const int kElemSize[] = {4, 2, 2};
+
+// ---------------------------------------------------------------------------------------
+// Kernel tables
+
+static int n_index(int n) {
+  switch (n) {
+    case 2: return 0;
+    case 4: return 1;
+    case 6: return 2;
+    case 8: return 3;
+    case 16: return 4;
+  }
+  std::printf("unsupported N=%d\n", n);
+  std::_Exit(2);
+}
+
+#define EAR_ROW(fam, t) \
+  {(const void*)ear_##fam##_##t##_n2, (const void*)ear_##fam##_##t##_n4, \
+   (const void*)ear_##fam##_##t##_n6, (const void*)ear_##fam##_##t##_n8, \
+   (const void*)ear_##fam##_##t##_n16}
+static const void* kKernels[3][3][5] = {
+    {EAR_ROW(oneshot, f32), EAR_ROW(oneshot, f16), EAR_ROW(oneshot, bf16)},
+    {EAR_ROW(twoshot, f32), EAR_ROW(twoshot, f16), EAR_ROW(twoshot, bf16)},
+    {EAR_ROW(lamport, f32), EAR_ROW(lamport, f16), EAR_ROW(lamport, bf16)},
+};
+
+// ---------------------------------------------------------------------------------------
+// Inputs: bit patterns from a hash of (seed, rank, index). Values are +-[2^-4, 2^4) with
+// random mantissas, plus 1/32 signed zeros (exercises the Lamport sentinel rewrite).
+
+__host__ __device__ inline uint64_t mix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+__host__ __device__ inline uint32_t gen_bits(uint64_t seed, int rank, uint64_t idx, int dt) {
+  const uint64_t h = mix64(mix64(seed * 131u + static_cast<uint64_t>(rank)) ^ idx);
+  const bool zero = (h >> 59) == 0;
+  const uint32_t sign = static_cast<uint32_t>(h >> 58) & 1u;
+  const uint32_t e = static_cast<uint32_t>(h >> 52) & 7u;
+  if (dt == F32)
+    return (sign << 31) | (zero ? 0u : (((123u + e) << 23) | static_cast<uint32_t>(h & 0x7FFFFFu)));
+  if (dt == F16)
+    return (sign << 15) | (zero ? 0u : (((11u + e) << 10) | static_cast<uint32_t>(h & 0x3FFu)));
+  return (sign << 15) | (zero ? 0u : (((123u + e) << 7) | static_cast<uint32_t>(h & 0x7Fu)));
+}
+__host__ __device__ inline double decode(uint32_t bits, int dt) {
+  if (dt == F16) {
+    const int s = (bits >> 15) & 1, ex = (bits >> 10) & 31, man = bits & 1023;
+    double v;
+    if (ex == 31) v = man ? NAN : INFINITY;
+    else if (ex == 0) v = ldexp(static_cast<double>(man), -24);
+    else v = ldexp(1.0 + man / 1024.0, ex - 15);
+    return s ? -v : v;
+  }
+  union {
+    uint32_t u;
+    float f;
+  } c;
+  c.u = dt == F32 ? bits : (bits << 16);
+  return static_cast<double>(c.f);
+}
+__device__ inline uint32_t load_bits(const void* p, uint64_t i, int dt) {
+  return dt == F32 ? static_cast<const uint32_t*>(p)[i] : static_cast<const uint16_t*>(p)[i];
+}
+
+__global__ void gen_kernel(void* buf, uint64_t count, int dt, uint64_t seed, int rank) {
+  for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < count;
+       i += (uint64_t)gridDim.x * blockDim.x) {
+    const uint32_t b = gen_bits(seed, rank, i, dt);
+    if (dt == F32) static_cast<uint32_t*>(buf)[i] = b;
+    else static_cast<uint16_t*>(buf)[i] = static_cast<uint16_t>(b);
+  }
+}
+// Graph refresh: seed = *ctr * 1000 + salt, ctr advanced by bump_kernel at the graph's end.
+__global__ void gen_from_counter(void* buf, uint64_t count, int dt, const uint64_t* ctr,
+                                 uint64_t salt, int rank) {
+  const uint64_t seed = *ctr * 1000u + salt;
+  for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < count;
+       i += (uint64_t)gridDim.x * blockDim.x) {
+    const uint32_t b = gen_bits(seed, rank, i, dt);
+    if (dt == F32) static_cast<uint32_t*>(buf)[i] = b;
+    else static_cast<uint16_t*>(buf)[i] = static_cast<uint16_t>(b);
+  }
+}
+__global__ void bump_kernel(uint64_t* ctr) { *ctr += 1; }
+
+// ---------------------------------------------------------------------------------------
+// Reporting
+
+static int g_pass = 0, g_fail = 0;
+
+static void report(bool ok, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
+static void report(bool ok, const char* fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  std::printf("%s ", ok ? "PASS" : "FAIL");
+  std::vprintf(fmt, ap);
+  std::printf("\n");
+  va_end(ap);
+  std::fflush(stdout);
+  (ok ? g_pass : g_fail)++;
+}
