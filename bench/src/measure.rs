@@ -50,9 +50,6 @@ pub trait Team {
     fn barrier(&self);
     /// Every thread's value, in rank order.
     fn gather<T: Clone + Send + 'static>(&self, v: T) -> Vec<T>;
-    fn all_ok(&self, ok: bool) -> bool {
-        self.gather(ok).into_iter().all(|x| x)
-    }
 }
 
 /// One thread (simulation).

@@ -68,7 +68,7 @@ fn panel(area: &DrawingArea<BitMapBackend, plotters::coord::Shift>, group: &[&Re
             let mut pts: Vec<(f64, f64)> = group
                 .iter()
                 .filter(|r| &r.strategy == n && r.status == Status::Ok && r.bytes > 0)
-                .filter_map(|r| r.median_us.map(|t| (r.bytes as f64, t)))
+                .filter_map(|r| r.median_us.map(|t| ((r.bytes as f64).log2(), t)))
                 .collect();
             pts.sort_by(|a, b| a.0.total_cmp(&b.0));
             (n.clone(), pts)
@@ -87,9 +87,8 @@ fn panel(area: &DrawingArea<BitMapBackend, plotters::coord::Shift>, group: &[&Re
     if let Some(f) = floor {
         (y0, y1) = (y0.min(f), y1.max(f));
     }
-    if x0 == x1 {
-        (x0, x1) = (x0 / 2.0, x1 * 2.0);
-    }
+    // x is log2(bytes) on a linear axis, so that ticks fall on powers of two.
+    (x0, x1) = (x0 - 0.3, x1 + 0.3);
     let (y0, y1) = (y0 * 0.8, y1 * 1.25);
 
     let mut builder = ChartBuilder::on(area);
@@ -98,13 +97,15 @@ fn panel(area: &DrawingArea<BitMapBackend, plotters::coord::Shift>, group: &[&Re
         let title = format!("{} · {} ranks · {} · {}", first.mode, first.ranks, first.dtype, first.device);
         builder.caption(title, (FAMILY, 20)).x_label_area_size(48).y_label_area_size(64);
     }
-    let mut chart = builder.build_cartesian_2d((x0..x1).log_scale(), (y0..y1).log_scale())?;
+    let mut chart = builder.build_cartesian_2d(x0..x1, (y0..y1).log_scale())?;
+    let span = (x1 - x0).round() as usize;
     let mut mesh = chart.configure_mesh();
     mesh.light_line_style(RGBColor(235, 235, 235)).bold_line_style(RGBColor(205, 205, 205));
     if text {
         mesh.x_desc("message size (bytes)")
             .y_desc("µs per all-reduce (graph replay, median)")
-            .x_label_formatter(&|x| fmt_bytes_short(*x))
+            .x_labels(if span > 12 { span / 2 + 1 } else { span + 1 })
+            .x_label_formatter(&|x| fmt_bytes_short(x.exp2()))
             .y_label_formatter(&|y| if *y >= 10.0 { format!("{y:.0}") } else { format!("{y:.1}") })
             .label_style((FAMILY, 14))
             .axis_desc_style((FAMILY, 15));
@@ -143,6 +144,11 @@ fn panel(area: &DrawingArea<BitMapBackend, plotters::coord::Shift>, group: &[&Re
 /// Writes the PNG of `records` to `path`; returns the font used (None: no text).
 pub fn render(records: &[Record], path: &Path, font: Option<&Path>) -> Result<Option<PathBuf>, String> {
     let font = load_font(font);
+    draw(records, path, font.is_some())?;
+    Ok(font)
+}
+
+fn draw(records: &[Record], path: &Path, text: bool) -> Result<(), String> {
     let groups: Vec<Vec<&Record>> = record::groups(records)
         .into_iter()
         .filter(|g| g.iter().any(|r| r.status == Status::Ok && r.bytes > 0 && r.strategy != FLOOR && r.strategy != record::COPY))
@@ -151,18 +157,58 @@ pub fn render(records: &[Record], path: &Path, font: Option<&Path>) -> Result<Op
         return Err("nothing to plot: no row was measured".into());
     }
     let n = groups.len();
-    let cols = if n <= 3 { n } else { (n as f64).sqrt().ceil() as usize };
+    let cols = n.min(2);
     let rows = n.div_ceil(cols);
     let (w, h) = (900u32, 620u32);
     let draw = || -> Result<(), Err> {
         let root = BitMapBackend::new(path, (w * cols as u32, h * rows as u32)).into_drawing_area();
         root.fill(&WHITE)?;
         for (area, group) in root.split_evenly((rows, cols)).iter().zip(&groups) {
-            panel(area, group, font.is_some())?;
+            panel(area, group, text)?;
         }
         root.present()?;
         Ok(())
     };
-    draw().map_err(|e| format!("drawing {}: {e}", path.display()))?;
-    Ok(font)
+    draw().map_err(|e| format!("drawing {}: {e}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Synthetic results: two groups, every kind of row.
+    pub(crate) fn sample() -> Vec<Record> {
+        let mut out = Vec::new();
+        for (mode, ranks) in [("sim", 2), ("real", 8)] {
+            let mut floor = Record::new(mode, ranks, "bf16", 0, FLOOR, "GPU 0");
+            floor.status = Status::Ok;
+            floor.median_us = Some(3.0);
+            out.push(floor);
+            for k in 10..=26u32 {
+                let bytes = 1u64 << k;
+                for (i, s) in ["nccl", "oneshot", "twoshot", "lamport", "auto"].iter().enumerate() {
+                    let mut r = Record::new(mode, ranks, "bf16", bytes, s, "GPU 0");
+                    r.status = if *s == "lamport" && k > 21 { Status::NotApplicable } else { Status::Ok };
+                    if r.status == Status::Ok {
+                        r.median_us = Some(4.0 + i as f64 + bytes as f64 / (200_000.0 + 50_000.0 * i as f64));
+                        r.path = "oneshot".into();
+                    }
+                    out.push(r);
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn draws_without_a_font() {
+        // No font is registered in this process: any text drawn would fail.
+        let path = std::env::temp_dir().join(format!("edgellm-bench-plot-{}.png", std::process::id()));
+        draw(&sample(), &path, false).unwrap();
+        let png = std::fs::read(&path).unwrap();
+        assert_eq!(&png[1..4], b"PNG");
+        assert!(png.len() > 10_000, "{} bytes", png.len());
+        std::fs::remove_file(&path).ok();
+        assert!(draw(&[], &path, false).is_err(), "nothing to plot");
+    }
 }

@@ -6,7 +6,7 @@
 //! place of the kernels: the cost of the method itself. `copy` is the roofline: a large
 //! device-to-device copy, counting bytes read plus written.
 
-use crate::case::{path_name, Case, Mode};
+use crate::case::{path_name, Case};
 use crate::data::{self, dtype_name, OutputCheck};
 use crate::gpu::{self, capture, memset_async, watchdog, Context, DevBuf, Res, Timer};
 use crate::measure::{self, Fatal, Measured, Runner, Settings, Sink, Solo};
@@ -22,7 +22,6 @@ use std::sync::{Arc, Mutex};
 
 /// N simulated ranks and their streams and buffers.
 struct Sim {
-    ctx: Arc<CudaContext>,
     group: Group,
     origin: Arc<CudaStream>,
     streams: Vec<Arc<CudaStream>>,
@@ -39,7 +38,6 @@ impl Sim {
         let streams = (0..n).map(|_| ctx.new_stream().ctx("cuStreamCreate")).collect::<Res<Vec<_>>>()?;
         let joins = (0..n).map(|_| ctx.new_event(None).ctx("cuEventCreate")).collect::<Res<Vec<_>>>()?;
         Ok(Sim {
-            ctx: ctx.clone(),
             group,
             origin: origin.clone(),
             streams,
@@ -257,8 +255,6 @@ pub fn run(plan_: &Plan, sink: &Mutex<Sink>) -> Result<(), Fatal> {
             }
         }
         sim.origin.synchronize().ctx("synchronize").map_err(fatal)?;
-        let _ = &sim.ctx;
-        let _ = Mode::Sim;
     }
     Ok(())
 }

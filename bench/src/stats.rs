@@ -92,15 +92,16 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
     Ok(bytes as u64)
 }
 
-/// "1 KiB", "64 MiB", "16000000 B".
+/// "1 KiB", "64 MiB", "15.3 MiB", "100 B".
 pub fn fmt_bytes(b: u64) -> String {
     for (unit, shift) in [("GiB", 30), ("MiB", 20), ("KiB", 10)] {
-        if b >= 1 << shift && b % (1 << shift) == 0 {
-            return format!("{} {unit}", b >> shift);
+        if b >= 1 << shift {
+            return if b % (1 << shift) == 0 {
+                format!("{} {unit}", b >> shift)
+            } else {
+                format!("{:.1} {unit}", b as f64 / (1u64 << shift) as f64)
+            };
         }
-    }
-    if b >= 1 << 20 {
-        return format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64);
     }
     format!("{b} B")
 }
@@ -176,6 +177,7 @@ mod tests {
         assert_eq!(fmt_bytes(64 << 20), "64 MiB");
         assert_eq!(fmt_bytes(16_000_000), "15.3 MiB");
         assert_eq!(fmt_bytes(100), "100 B");
+        assert_eq!(fmt_bytes(1536), "1.5 KiB");
         assert_eq!(fmt_bytes_short(1024.0), "1K");
         assert_eq!(fmt_bytes_short((64u64 << 20) as f64), "64M");
         assert_eq!(fmt_bytes_short(512.0), "512");

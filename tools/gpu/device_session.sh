@@ -10,6 +10,11 @@ tools/gpu/run_gpu_tests.sh .carry 2>&1 | tee "$OUT/gtest.txt"
 echo "== Rust: the library's launch path on simulated ranks"
 timeout 300 .carry/rust_gpu_simulated_ranks --nocapture --test-threads 1 >"$OUT/rust_gpu.log" 2>&1
 echo "rc=$?"; grep -E "cases passed|test result|panicked|HANG" "$OUT/rust_gpu.log" | head
+if [ -x .carry/sim_fused ] && [ "${SKIP_FUSED:-0}" != 1 ]; then
+  echo "== fused kernel simulation (full)"
+  timeout "${SIM_LIMIT:-300}" .carry/sim_fused --timeout 20 >"$OUT/sim_fused.log" 2>&1
+  echo "rc=$?"; grep -E "^FAIL|HANG|passed" "$OUT/sim_fused.log" | head -20; grep -E "^TIME" "$OUT/sim_fused.log" | head -40
+fi
 if [ -x .carry/sim_ranks ] && [ "${SKIP_SIM:-0}" != 1 ]; then
   echo "== kernel simulation (full)"
   timeout "${SIM_LIMIT:-300}" .carry/sim_ranks --timeout 20 ${SIM_ARGS:-} >"$OUT/sim_full.log" 2>&1
