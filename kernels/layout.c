@@ -29,3 +29,31 @@ uint32_t ear_state_bytes(void)
 {
     return EAR_STATE_BYTES;
 }
+
+/* The fused all-reduce + residual + RMSNorm launch rule and size checks. family: 0 one-shot,
+ * 1 two-shot, 2 Lamport. */
+uint32_t ear_fused_block(uint32_t hidden, uint32_t elem)
+{
+    return EAR_FUSED_BLOCK(hidden, elem);
+}
+
+uint32_t ear_fused_grid(uint64_t tokens, uint32_t max_blocks)
+{
+    return EAR_FUSED_GRID(tokens, max_blocks);
+}
+
+int ear_fused_fits(int family, uint64_t tokens, uint32_t hidden, uint32_t elem, uint64_t max_msg_bytes, int32_t nranks)
+{
+    switch (family)
+    {
+    case 0: return EAR_FUSED_ONESHOT_FITS(tokens, hidden, elem, max_msg_bytes);
+    case 1: return EAR_FUSED_TWOSHOT_FITS(tokens, hidden, elem, max_msg_bytes, (uint64_t)nranks);
+    case 2: return EAR_FUSED_LAMPORT_FITS(tokens, hidden, elem, max_msg_bytes);
+    default: return 0;
+    }
+}
+
+uint64_t ear_fused_params_size(void)
+{
+    return sizeof(EarFusedParams);
+}

@@ -18,9 +18,6 @@ pub enum Error {
     #[error("{0}")]
     InvalidArgument(String),
 
-    #[error("{0} is not supported yet")]
-    Unsupported(&'static str),
-
     #[error("no NCCL communicator is registered for CUDA device {device}: call edgellmRegisterNcclCommForAllReducePlugin (or trt_edgellm::plugins::registerNcclCommForAllReducePlugin) for this device before running an engine with tp_size {tp_size}")]
     NotRegistered { device: i32, tp_size: i32 },
 

@@ -47,6 +47,8 @@ pub struct PluginConfig {
     pub config: i32,
     pub fusion_op: FusionOp,
     pub eps: f32,
+    /// The fused op takes a bias input (x, residual, gamma, bias).
+    pub has_bias: bool,
 }
 
 impl PluginConfig {
@@ -58,7 +60,7 @@ impl PluginConfig {
     }
 
     fn defaults() -> Self {
-        PluginConfig { tp_size: 0, strategy: Strategy::Auto, config: 0, fusion_op: FusionOp::None, eps: 1e-6 }
+        PluginConfig { tp_size: 0, strategy: Strategy::Auto, config: 0, fusion_op: FusionOp::None, eps: 1e-6, has_bias: false }
     }
 
     /// Whether the fused residual + RMSNorm interface is asked for (either spelling of the seed).
@@ -137,6 +139,16 @@ const FIELDS: &[FieldSpec] = &[
                 Ok(())
             }
             _ => Err(Error::field("eps", format!("must be a finite number >= 0, got {v:?}"))),
+        },
+    },
+    FieldSpec {
+        name: "has_bias",
+        kind: Kind::Int32,
+        required: false,
+        get: |c| Value::Int(c.has_bias as i64),
+        set: |c, v| {
+            c.has_bias = int_in("has_bias", v, 0, 1)? == 1;
+            Ok(())
         },
     },
 ];
@@ -298,11 +310,12 @@ mod tests {
             int("config", 1),
             int("fusion_op", 1),
             ("eps".to_owned(), field_type::FLOAT32, eps.to_ne_bytes().to_vec()),
+            int("has_bias", 1),
         ];
         let c = parse_owned(&fields).unwrap();
         assert_eq!((c.tp_size, c.strategy, c.config, c.fusion_op, c.eps), (8, Strategy::TwoShot, 1, FusionOp::ResidualRmsNorm, eps));
         let again: Vec<_> = serialize(&c).into_iter().map(|f| (f.name.to_owned(), f.field_type, f.bytes)).collect();
-        assert_eq!(again.len(), 5);
+        assert_eq!(again.len(), 6);
         assert_eq!(parse_owned(&again).unwrap(), c);
     }
 
@@ -350,6 +363,6 @@ mod tests {
     #[test]
     fn declared_fields_match_the_table() {
         let names: Vec<_> = declared().iter().map(|f| f.name).collect();
-        assert_eq!(names, ["tp_size", "strategy", "config", "fusion_op", "eps"]);
+        assert_eq!(names, ["tp_size", "strategy", "config", "fusion_op", "eps", "has_bias"]);
     }
 }

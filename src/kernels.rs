@@ -33,7 +33,29 @@ pub struct AllReduceParams {
     pub nranks: i32,
 }
 
+/// `EarFusedParams`: the fused all-reduce + residual (+ bias) + RMSNorm kernels' argument.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct FusedParams {
+    /// `ar.input` = x, `ar.count` = tokens * hidden; `ar.output` is ignored.
+    pub ar: AllReduceParams,
+    pub residual: u64,
+    /// 0: no bias.
+    pub bias: u64,
+    pub gamma: u64,
+    pub residual_out: u64,
+    pub normed: u64,
+    pub tokens: u64,
+    pub hidden: u32,
+    pub eps: f32,
+}
+
 extern "C" {
+    fn ear_fused_block(hidden: u32, elem: u32) -> u32;
+    fn ear_fused_grid(tokens: u64, max_blocks: u32) -> u32;
+    fn ear_fused_fits(family: i32, tokens: u64, hidden: u32, elem: u32, max_msg_bytes: u64, nranks: i32) -> i32;
+    #[allow(dead_code)] // the layout test compares it with FusedParams
+    fn ear_fused_params_size() -> u64;
     fn ear_workspace_bytes(max_msg_bytes: u64, nranks: i32) -> u64;
     fn ear_lamport_max_msg(max_msg_bytes: u64) -> u64;
     fn ear_grid(work_vecs: u64, max_blocks: u32) -> u32;
@@ -56,6 +78,26 @@ pub fn lamport_max_bytes(max_msg_bytes: u64) -> u64 {
 pub fn state_bytes() -> usize {
     // SAFETY: returns a constant.
     unsafe { ear_state_bytes() as usize }
+}
+
+/// What a kernel computes after the reduction.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Op {
+    /// The sum, and nothing else.
+    AllReduce,
+    /// `residual_out = sum + bias + residual`, `normed = RMSNorm(residual_out) * gamma`.
+    ResidualRmsNorm,
+}
+
+/// Whether a fused message of `tokens` rows of `hidden` elements fits `family`'s workspace.
+pub fn fused_fits(family: Family, tokens: u64, hidden: u32, elem: usize, max_msg_bytes: u64, nranks: i32) -> bool {
+    let id = match family {
+        Family::OneShot => 0,
+        Family::TwoShot => 1,
+        Family::Lamport => 2,
+    };
+    // SAFETY: pure arithmetic on the header's macros.
+    unsafe { ear_fused_fits(id, tokens, hidden, elem as u32, max_msg_bytes, nranks) != 0 }
 }
 
 /// A kernel family: how the reduction moves data between ranks.
@@ -95,13 +137,18 @@ fn type_suffix(dtype: DataType) -> &'static str {
     }
 }
 
-fn kernel_name(family: Family, dtype: DataType, nranks: i32) -> String {
-    format!("ear_{}_{}_n{}", family.prefix(), type_suffix(dtype), nranks)
+fn kernel_name(family: Family, op: Op, dtype: DataType, nranks: i32) -> String {
+    let norm = if op == Op::ResidualRmsNorm { "_norm" } else { "" };
+    format!("ear_{}{norm}_{}_n{}", family.prefix(), type_suffix(dtype), nranks)
 }
+
+const TYPES: [DataType; 3] = [DataType::Float, DataType::Half, DataType::Bf16];
 
 /// The kernels of one device (its primary context).
 pub struct DeviceKernels {
-    functions: HashMap<(Family, DataType, i32), Function>,
+    functions: HashMap<(Family, Op, DataType, i32), Function>,
+    /// `ear_residual_rmsnorm_<t>`: residual + bias + RMSNorm alone (after NCCL, or one rank).
+    norms: HashMap<DataType, Function>,
     /// Programmatic dependent launch: sm_90 and newer.
     pub pdl: bool,
     pub sm_count: i32,
@@ -110,29 +157,70 @@ pub struct DeviceKernels {
 impl DeviceKernels {
     fn load(device: i32) -> Result<Self> {
         let (major, sm_count) = cuda::device_properties(device)?;
-        let keys: Vec<(Family, DataType, i32)> = Family::ALL
+        let keys: Vec<(Family, Op, DataType, i32)> = Family::ALL
             .iter()
-            .flat_map(|&f| [DataType::Float, DataType::Half, DataType::Bf16].map(move |t| (f, t)))
-            .flat_map(|(f, t)| RANK_COUNTS.map(move |n| (f, t, n)))
+            .flat_map(|&f| [Op::AllReduce, Op::ResidualRmsNorm].map(move |o| (f, o)))
+            .flat_map(|(f, o)| TYPES.map(move |t| (f, o, t)))
+            .flat_map(|(f, o, t)| RANK_COUNTS.map(move |n| (f, o, t, n)))
             .collect();
-        let names: Vec<String> = keys.iter().map(|&(f, t, n)| kernel_name(f, t, n)).collect();
-        let mut functions = HashMap::new();
+        let mut names: Vec<String> = keys.iter().map(|&(f, o, t, n)| kernel_name(f, o, t, n)).collect();
+        names.extend(TYPES.map(|t| format!("ear_residual_rmsnorm_{}", type_suffix(t))));
+        let (mut functions, mut norms) = (HashMap::new(), HashMap::new());
         cuda::with_device(device, || {
             for (_, image) in MODULES {
-                for (key, found) in keys.iter().zip(cuda::load_module(image, &names)?) {
-                    if let Some(f) = found {
-                        functions.insert(*key, f);
+                let found = cuda::load_module(image, &names)?;
+                for (key, f) in keys.iter().zip(&found) {
+                    if let Some(f) = f {
+                        functions.insert(*key, *f);
+                    }
+                }
+                for (t, f) in TYPES.iter().zip(&found[keys.len()..]) {
+                    if let Some(f) = f {
+                        norms.insert(*t, *f);
                     }
                 }
             }
             Ok(())
         })?;
         let pdl = major >= 9 && std::env::var("EDGELLM_ALLREDUCE_PDL").map_or(true, |v| v != "0");
-        Ok(DeviceKernels { functions, pdl, sm_count })
+        Ok(DeviceKernels { functions, norms, pdl, sm_count })
     }
 
-    pub fn function(&self, family: Family, dtype: DataType, nranks: i32) -> Option<Function> {
-        self.functions.get(&(family, dtype, nranks)).copied()
+    pub fn function(&self, family: Family, op: Op, dtype: DataType, nranks: i32) -> Option<Function> {
+        self.functions.get(&(family, op, dtype, nranks)).copied()
+    }
+
+    /// Enqueues one fused all-reduce + residual + RMSNorm of `family` (the fused launch rule:
+    /// block from hidden and type, grid from tokens: identical on every rank).
+    ///
+    /// # Safety
+    /// As [`DeviceKernels::launch`], for every tensor of `params`.
+    pub unsafe fn launch_fused(
+        &self,
+        family: Family,
+        dtype: DataType,
+        params: &FusedParams,
+        max_blocks: u32,
+        stream: usize,
+    ) -> Result<()> {
+        let f = self.function(family, Op::ResidualRmsNorm, dtype, params.ar.nranks).ok_or_else(|| {
+            Error::invalid(format!("no fused {family:?} kernel for {dtype:?} and {} ranks", params.ar.nranks))
+        })?;
+        let block = ear_fused_block(params.hidden, dtype.size() as u32);
+        let grid = ear_fused_grid(params.tokens, max_blocks.clamp(1, MAX_BLOCKS));
+        cuda::launch(f, grid, block, stream, params, self.pdl)
+    }
+
+    /// Enqueues residual + bias + RMSNorm alone (`params.ar.input` is the reduced x).
+    ///
+    /// # Safety
+    /// As [`DeviceKernels::launch_fused`]; only `ar.input` and `ar.count` of `ar` are read.
+    pub unsafe fn launch_norm(&self, dtype: DataType, params: &FusedParams, stream: usize) -> Result<()> {
+        let f = *self.norms.get(&dtype).ok_or_else(|| Error::invalid(format!("no residual + RMSNorm kernel for {dtype:?}")))?;
+        let block = ear_fused_block(params.hidden, dtype.size() as u32);
+        // Any grid works (no spinning): one CTA per row, up to 4 waves of the machine.
+        let grid = ear_fused_grid(params.tokens, (self.sm_count.max(1) as u32) * 4);
+        cuda::launch(f, grid, block, stream, params, self.pdl)
     }
 
     /// Enqueues one all-reduce of `family` on `stream` (the launch rule of allreduce_params.h:
@@ -150,7 +238,7 @@ impl DeviceKernels {
         stream: usize,
     ) -> Result<()> {
         let f = self
-            .function(family, dtype, params.nranks)
+            .function(family, Op::AllReduce, dtype, params.nranks)
             .ok_or_else(|| Error::invalid(format!("no {family:?} kernel for {dtype:?} and {} ranks", params.nranks)))?;
         let vecs = (params.count * dtype.size() as u64).div_ceil(16);
         let work = if family == Family::TwoShot { vecs.div_ceil(params.nranks as u64) } else { vecs };
@@ -180,13 +268,15 @@ mod tests {
     #[test]
     fn params_match_the_c_header() {
         assert_eq!(std::mem::size_of::<AllReduceParams>() as u64, unsafe { ear_params_size() });
+        assert_eq!(std::mem::size_of::<FusedParams>() as u64, unsafe { ear_fused_params_size() });
+        assert_eq!(std::mem::offset_of!(FusedParams, eps), 228);
         assert_eq!(std::mem::offset_of!(AllReduceParams, rank), 168);
     }
 
     #[test]
     fn every_kernel_file_is_embedded() {
         let names: Vec<_> = MODULES.iter().map(|(n, _)| *n).collect();
-        for family in ["oneshot", "twoshot", "lamport"] {
+        for family in ["oneshot", "twoshot", "lamport", "fused_norm"] {
             assert!(names.contains(&family), "{family} missing from {names:?}");
         }
         assert!(MODULES.iter().all(|(_, image)| image.len() > 1024), "fatbins are not empty");
@@ -203,7 +293,13 @@ mod tests {
         assert_eq!(unsafe { ear_grid(1, 32) }, 1);
         assert_eq!(unsafe { ear_grid(512 * 10, 32) }, 10);
         assert_eq!(unsafe { ear_grid(1 << 30, 32) }, 32);
-        assert_eq!(kernel_name(Family::Lamport, DataType::Bf16, 8), "ear_lamport_bf16_n8");
+        assert_eq!(kernel_name(Family::Lamport, Op::AllReduce, DataType::Bf16, 8), "ear_lamport_bf16_n8");
+        assert_eq!(kernel_name(Family::OneShot, Op::ResidualRmsNorm, DataType::Half, 2), "ear_oneshot_norm_f16_n2");
+        assert_eq!(unsafe { ear_fused_block(4096, 2) }, 512);
+        assert_eq!(unsafe { ear_fused_block(256, 2) }, 32);
+        assert_eq!(unsafe { ear_fused_grid(1000, 32) }, 32);
+        assert!(fused_fits(Family::OneShot, 128, 8192, 2, 16 << 20, 2));
+        assert!(!fused_fits(Family::Lamport, 1024, 8192, 2, 16 << 20, 2), "over the 2 MiB Lamport cap");
         assert!(state_bytes() >= 64);
     }
 }

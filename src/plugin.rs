@@ -7,7 +7,8 @@ use crate::fields::{self, IncomingField, PluginConfig};
 use crate::ffi::TensorDesc;
 use crate::strategy::{self, Call, Fallback, Path};
 use crate::tensor::{self, DataType, LINEAR};
-use crate::{cuda, nccl, registry, workspace};
+use crate::workspace::FusedCall;
+use crate::{cuda, kernels, nccl, registry, workspace};
 use std::sync::atomic::{AtomicU32, Ordering};
 
 /// State of one plugin instance: its configuration (what its fields say).
@@ -16,22 +17,38 @@ pub struct PluginCore {
     config: PluginConfig,
 }
 
-const NB_INPUTS: usize = 1;
-const NB_OUTPUTS: usize = 1;
+/// What a run-time call carries, once its descriptors are checked.
+#[derive(Clone, Copy, Debug)]
+struct Shape {
+    count: usize,
+    dtype: DataType,
+    /// Fused op: `(tokens, hidden)` of x.
+    rows: Option<(u64, u32)>,
+}
 
-fn expect_io(nb_inputs: usize, nb_outputs: usize) -> Result<()> {
-    if nb_inputs != NB_INPUTS || nb_outputs != NB_OUTPUTS {
+fn expect_io(core: &PluginCore, nb_inputs: usize, nb_outputs: usize) -> Result<()> {
+    let (want_in, want_out) = (core.nb_inputs() as usize, core.nb_outputs() as usize);
+    if nb_inputs != want_in || nb_outputs != want_out {
+        let what = if core.fused() {
+            if core.config.has_bias { "(x, residual, gamma, bias) -> (normed, residual_out)" } else { "(x, residual, gamma) -> (normed, residual_out)" }
+        } else {
+            "one input and one output"
+        };
         return Err(Error::invalid(format!(
-            "AllReducePlugin takes {NB_INPUTS} input and {NB_OUTPUTS} output, got {nb_inputs} inputs and {nb_outputs} outputs"
+            "AllReducePlugin takes {want_in} inputs and {want_out} outputs, {what}; got {nb_inputs} inputs and {nb_outputs} outputs"
         )));
     }
     Ok(())
 }
 
+fn same_dims(a: &TensorDesc, b: &TensorDesc) -> bool {
+    a.nb_dims == b.nb_dims && a.dims[..a.nb_dims.clamp(0, 8) as usize] == b.dims[..b.nb_dims.clamp(0, 8) as usize]
+}
+
 impl PluginCore {
     pub fn new(config: PluginConfig) -> Result<Self> {
-        if config.fuses_residual_rms_norm() {
-            return Err(Error::Unsupported("the fused residual + RMSNorm all-reduce (fusion_op / config RESIDUAL_RMS_NORM)"));
+        if config.has_bias && !config.fuses_residual_rms_norm() {
+            return Err(Error::field("has_bias", "is set but no fusion is (fusion_op RESIDUAL_RMS_NORM or config bit 2)"));
         }
         Ok(PluginCore { config })
     }
@@ -44,41 +61,78 @@ impl PluginCore {
         &self.config
     }
 
+    fn fused(&self) -> bool {
+        self.config.fuses_residual_rms_norm()
+    }
+
+    /// 1 (x), or for the fused op 3 (x, residual, gamma) or 4 (+ bias).
     pub fn nb_inputs(&self) -> i32 {
-        NB_INPUTS as i32
+        if self.fused() {
+            3 + self.config.has_bias as i32
+        } else {
+            1
+        }
     }
 
+    /// 1 (the sum), or for the fused op 2 (normed, residual_out).
     pub fn nb_outputs(&self) -> i32 {
-        NB_OUTPUTS as i32
+        if self.fused() {
+            2
+        } else {
+            1
+        }
     }
 
+    /// Every output has the type of the inputs, which must all be FP32, FP16 or BF16 alike.
     pub fn output_types(&self, input_types: &[i32], output_types: &mut [i32]) -> Result<()> {
-        expect_io(input_types.len(), output_types.len())?;
+        expect_io(self, input_types.len(), output_types.len())?;
         DataType::from_trt(input_types[0])
             .ok_or_else(|| Error::invalid(format!("unsupported input type {} (supported: kFLOAT, kHALF, kBF16)", input_types[0])))?;
-        output_types[0] = input_types[0];
+        if let Some(i) = input_types.iter().position(|&t| t != input_types[0]) {
+            return Err(Error::invalid(format!("input {i} has type {}, input 0 has {}: all must match", input_types[i], input_types[0])));
+        }
+        output_types.fill(input_types[0]);
         Ok(())
     }
 
-    /// For each output, the index of the input whose shape it has.
+    /// For each output, the index of the input whose shape it has (always x). For the fused op
+    /// also checks what is known at build time: residual like x, gamma and bias of x's last dim.
     pub fn output_shape_sources(&self, inputs: &[TensorDesc], sources: &mut [i32]) -> Result<()> {
-        expect_io(inputs.len(), sources.len())?;
-        sources[0] = 0;
+        expect_io(self, inputs.len(), sources.len())?;
+        if self.fused() {
+            let x = &inputs[0];
+            if !(1..=8).contains(&x.nb_dims) {
+                return Err(Error::invalid("x must have 1 to 8 dimensions, the last one the hidden size"));
+            }
+            let known_equal = |a: i64, b: i64| a < 0 || b < 0 || a == b;
+            let r = &inputs[1];
+            if r.nb_dims != x.nb_dims || (0..x.nb_dims as usize).any(|i| !known_equal(r.dims[i], x.dims[i])) {
+                return Err(Error::invalid("residual must have the shape of x"));
+            }
+            let hidden = x.dims[x.nb_dims as usize - 1];
+            for (name, w) in [("gamma", &inputs[2])].into_iter().chain(inputs.get(3).map(|b| ("bias", b))) {
+                if w.nb_dims != 1 || !known_equal(w.dims[0], hidden) {
+                    return Err(Error::invalid(format!("{name} must be 1-D of the hidden size (x's last dimension)")));
+                }
+            }
+        }
+        sources.fill(0);
         Ok(())
     }
 
-    /// Edge-LLM's rule: LINEAR, FP32/FP16/BF16, the output of the input's type.
+    /// LINEAR; FP32/FP16/BF16; every tensor of the first one's type (Edge-LLM's rule, extended
+    /// to the fused op's tensors).
     pub fn supports_format(&self, pos: i32, in_out: &[TensorDesc], nb_inputs: i32) -> bool {
         let Ok(pos) = usize::try_from(pos) else { return false };
-        if nb_inputs as usize != NB_INPUTS || in_out.len() != NB_INPUTS + NB_OUTPUTS || pos >= in_out.len() {
+        if nb_inputs != self.nb_inputs() || in_out.len() != (self.nb_inputs() + self.nb_outputs()) as usize || pos >= in_out.len() {
             return false;
         }
         let d = &in_out[pos];
-        d.format == LINEAR && DataType::from_trt(d.dtype).is_some() && (pos < NB_INPUTS || d.dtype == in_out[0].dtype)
+        d.format == LINEAR && DataType::from_trt(d.dtype).is_some() && (pos == 0 || d.dtype == in_out[0].dtype)
     }
 
     pub fn configure(&mut self, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
-        expect_io(inputs.len(), outputs.len())
+        expect_io(self, inputs.len(), outputs.len())
     }
 
     pub fn workspace_size(&self) -> usize {
@@ -89,22 +143,40 @@ impl PluginCore {
         self.check_run_time_io(inputs, outputs).map(|_| ())
     }
 
-    /// Validates run-time descriptors; returns the element count and type.
-    fn check_run_time_io(&self, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<(usize, DataType)> {
-        expect_io(inputs.len(), outputs.len())?;
+    /// Validates run-time descriptors.
+    fn check_run_time_io(&self, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<Shape> {
+        expect_io(self, inputs.len(), outputs.len())?;
         let dtype = tensor::data_type(&inputs[0])?;
-        if outputs[0].dtype != inputs[0].dtype {
-            return Err(Error::invalid(format!("output type {} differs from input type {}", outputs[0].dtype, inputs[0].dtype)));
+        if let Some((i, d)) = inputs.iter().chain(outputs).enumerate().find(|(_, d)| d.dtype != inputs[0].dtype) {
+            return Err(Error::invalid(format!("tensor {i} has type {}, x has {}: all must match", d.dtype, inputs[0].dtype)));
         }
         let count = tensor::element_count(&inputs[0])?;
-        let out_count = tensor::element_count(&outputs[0])?;
-        if out_count != count {
-            return Err(Error::invalid(format!("output has {out_count} elements, input has {count}")));
+        for (i, out) in outputs.iter().enumerate() {
+            if !same_dims(out, &inputs[0]) {
+                return Err(Error::invalid(format!("output {i} must have the input's shape")));
+            }
         }
-        Ok((count, dtype))
+        if !self.fused() {
+            return Ok(Shape { count, dtype, rows: None });
+        }
+        let x = &inputs[0];
+        if x.nb_dims < 1 {
+            return Err(Error::invalid("x must have at least one dimension (the hidden size)"));
+        }
+        let hidden = x.dims[x.nb_dims as usize - 1];
+        let hidden = u32::try_from(hidden).ok().filter(|&h| h > 0).ok_or_else(|| Error::invalid(format!("invalid hidden size {hidden}")))?;
+        if !same_dims(&inputs[1], x) {
+            return Err(Error::invalid("residual must have the shape of x"));
+        }
+        for (name, w) in [("gamma", &inputs[2])].into_iter().chain(inputs.get(3).map(|b| ("bias", b))) {
+            if tensor::element_count(w)? != hidden as usize {
+                return Err(Error::invalid(format!("{name} must hold {hidden} elements (the hidden size)")));
+            }
+        }
+        Ok(Shape { count, dtype, rows: Some(((count / hidden as usize) as u64, hidden)) })
     }
 
-    /// Enqueues the all-reduce on `stream`. Never synchronizes or allocates.
+    /// Enqueues the all-reduce (or the fused op) on `stream`. Never synchronizes or allocates.
     pub fn enqueue(
         &self,
         inputs: &[TensorDesc],
@@ -113,34 +185,44 @@ impl PluginCore {
         output_ptrs: &[usize],
         stream: usize,
     ) -> Result<()> {
-        let (count, dtype) = self.check_run_time_io(inputs, outputs)?;
-        expect_io(input_ptrs.len(), output_ptrs.len())?;
-        if count == 0 {
+        let shape = self.check_run_time_io(inputs, outputs)?;
+        expect_io(self, input_ptrs.len(), output_ptrs.len())?;
+        if shape.count == 0 {
             return Ok(());
         }
-        let (input, output) = (input_ptrs[0], output_ptrs[0]);
-        if input == 0 || output == 0 {
-            return Err(Error::invalid(format!("null tensor address (input {input:#x}, output {output:#x})")));
+        if input_ptrs.iter().chain(output_ptrs).any(|&p| p == 0) {
+            return Err(Error::invalid(format!("null tensor address (inputs {input_ptrs:x?}, outputs {output_ptrs:x?})")));
         }
-        let requested = strategy::requested(&self.config);
+        match shape.rows {
+            None => self.enqueue_all_reduce(shape, input_ptrs[0], output_ptrs[0], stream),
+            Some((tokens, hidden)) => {
+                let call = FusedCall {
+                    x: input_ptrs[0],
+                    residual: input_ptrs[1],
+                    gamma: input_ptrs[2],
+                    bias: input_ptrs.get(3).copied().unwrap_or(0),
+                    normed: output_ptrs[0],
+                    residual_out: output_ptrs[1],
+                    tokens,
+                    hidden,
+                    eps: self.config.eps,
+                };
+                if input_ptrs.iter().chain(output_ptrs).any(|&p| p % 16 != 0) {
+                    return Err(Error::invalid("the fused residual + RMSNorm all-reduce needs 16-byte aligned tensors"));
+                }
+                self.enqueue_fused(shape, &call, stream)
+            }
+        }
+    }
+
+    fn enqueue_all_reduce(&self, shape: Shape, input: usize, output: usize, stream: usize) -> Result<()> {
+        let Shape { count, dtype, .. } = shape;
         if self.config.tp_size <= 1 {
             // SAFETY: TensorRT hands enqueue device buffers of the described sizes on `stream`.
             return if input == output { Ok(()) } else { unsafe { cuda::copy_async(output, input, count * dtype.size(), stream) } };
         }
-        let device = cuda::current_device()?;
-        let registration =
-            registry::get(device).ok_or(Error::NotRegistered { device, tp_size: self.config.tp_size })?;
-        let group = workspace::group_for(device);
-        let call = Call {
-            tp_size: self.config.tp_size,
-            dtype,
-            bytes: (count * dtype.size()) as u64,
-            aligned: (input | output) % 16 == 0,
-        };
-        let decision = strategy::choose(requested, &call, group.as_ref().map(|(g, _)| &**g as &dyn strategy::Capability));
-        if let Some(reason) = decision.fallback {
-            report_fallback(device, requested, reason, stream);
-        }
+        let (device, registration, group, decision) = self.decide(shape, (input | output) % 16 == 0, stream)?;
+        let _ = device;
         match (decision.path, group) {
             // SAFETY: every rank of the group takes this same path for this call (the choice is a
             // function of what they share); the buffers are TensorRT's, aligned as checked.
@@ -151,6 +233,57 @@ impl PluginCore {
             // device; the buffers are TensorRT's, of `count` elements, on `stream`.
             _ => unsafe { nccl::all_reduce(registration, input, output, count, dtype, stream) },
         }
+    }
+
+    /// The fused op: a fused kernel family, or NCCL (all-reduce of x into `normed`) followed by
+    /// one residual + bias + RMSNorm kernel; one rank: that kernel alone.
+    fn enqueue_fused(&self, shape: Shape, call: &FusedCall, stream: usize) -> Result<()> {
+        let dtype = shape.dtype;
+        if self.config.tp_size <= 1 {
+            let kernels = kernels::for_device(cuda::current_device()?)?;
+            // SAFETY: TensorRT's buffers of the checked shapes, aligned as checked, on `stream`.
+            return unsafe { call.launch_norm(&kernels, dtype, call.x, stream) };
+        }
+        let (device, registration, group, decision) = self.decide(shape, true, stream)?;
+        match (decision.path, group) {
+            // SAFETY: as in enqueue_all_reduce; every tensor is TensorRT's, aligned as checked.
+            (Path::Custom(family), Some((group, rank))) => unsafe { group.launch_fused(rank, family, dtype, call, stream) },
+            _ => {
+                let kernels = kernels::for_device(device)?;
+                // SAFETY: x and normed hold `count` elements; the norm then reads the reduced
+                // x from normed and overwrites it in place (the kernel allows normed == x).
+                unsafe {
+                    nccl::all_reduce(registration, call.x, call.normed, shape.count, dtype, stream)?;
+                    call.launch_norm(&kernels, dtype, call.normed, stream)
+                }
+            }
+        }
+    }
+
+    /// The device, its registration and group, and the path for this call.
+    #[allow(clippy::type_complexity)]
+    fn decide(
+        &self,
+        shape: Shape,
+        aligned: bool,
+        stream: usize,
+    ) -> Result<(i32, registry::Registration, Option<(std::sync::Arc<workspace::Group>, i32)>, strategy::Decision)> {
+        let requested = strategy::requested(&self.config);
+        let device = cuda::current_device()?;
+        let registration =
+            registry::get(device).ok_or(Error::NotRegistered { device, tp_size: self.config.tp_size })?;
+        let group = workspace::group_for(device);
+        let call = Call {
+            tp_size: self.config.tp_size,
+            dtype: shape.dtype,
+            message: workspace::Message { bytes: (shape.count * shape.dtype.size()) as u64, rows: shape.rows },
+            aligned,
+        };
+        let decision = strategy::choose(requested, &call, group.as_ref().map(|(g, _)| &**g as &dyn strategy::Capability));
+        if let Some(reason) = decision.fallback {
+            report_fallback(device, requested, reason, stream);
+        }
+        Ok((device, registration, group, decision))
     }
 
     pub fn serialized_fields(&self) -> Vec<fields::OutgoingField> {
@@ -201,6 +334,7 @@ mod tests {
         let mut out = [-1];
         assert!(p.output_types(&[3], &mut out).is_err(), "INT32 is not reduced");
         assert!(p.output_types(&[1, 1], &mut out).is_err(), "two inputs");
+        assert!(p.output_shape_sources(&[desc(&[4], 1)], &mut [0, 0]).is_err(), "two outputs");
         assert!(p.output_types(&[1], &mut [0, 0]).is_err(), "two outputs");
         let mut src = [-1];
         p.output_shape_sources(&[desc(&[-1, 4096], 1)], &mut src).unwrap();
@@ -249,10 +383,59 @@ mod tests {
         plugin(1).enqueue(&[a], &[a], &[0x10], &[0x10], 0).unwrap();
     }
 
-    #[test]
-    fn fusion_is_refused_until_it_exists() {
-        let mut c = PluginConfig::with_tp_size(2).unwrap();
+    fn fused(tp: i32, bias: bool) -> PluginCore {
+        let mut c = PluginConfig::with_tp_size(tp).unwrap();
         c.fusion_op = crate::fields::FusionOp::ResidualRmsNorm;
-        assert!(matches!(PluginCore::new(c), Err(Error::Unsupported(_))));
+        c.has_bias = bias;
+        PluginCore::new(c).unwrap()
+    }
+
+    #[test]
+    fn fused_interface_counts_types_and_formats() {
+        for (bias, nb_in) in [(false, 3), (true, 4)] {
+            let p = fused(2, bias);
+            assert_eq!((p.nb_inputs(), p.nb_outputs()), (nb_in, 2));
+            let mut out = [-1, -1];
+            p.output_types(&vec![7; nb_in as usize], &mut out).unwrap();
+            assert_eq!(out, [7, 7]);
+            let mut types = vec![7; nb_in as usize];
+            types[2] = 1;
+            assert!(p.output_types(&types, &mut out).is_err(), "gamma of another type");
+            assert!(p.output_types(&[7], &mut [0]).is_err(), "the plain interface is refused");
+            let t = desc(&[4, 4096], 7);
+            let mut io = vec![t; nb_in as usize + 2];
+            for pos in 0..io.len() as i32 {
+                assert!(p.supports_format(pos, &io, nb_in), "pos {pos}");
+            }
+            io[nb_in as usize + 1].dtype = 1;
+            assert!(!p.supports_format(nb_in + 1, &io, nb_in), "residual_out of another type");
+            assert!(!p.supports_format(0, &io[..2], 1));
+        }
+        let mut c = PluginConfig::with_tp_size(2).unwrap();
+        c.has_bias = true;
+        assert!(PluginCore::new(c.clone()).is_err(), "has_bias without fusion");
+        c.config = crate::fields::config_bits::RESIDUAL_RMS_NORM;
+        assert_eq!(PluginCore::new(c).unwrap().nb_inputs(), 4, "the seed's config bit also fuses");
+    }
+
+    #[test]
+    fn fused_shapes_are_checked() {
+        let p = fused(2, true);
+        let (x, g) = (desc(&[-1, 8, 4096], 1), desc(&[4096], 1));
+        let mut src = [-1, -1];
+        p.output_shape_sources(&[x, x, g, g], &mut src).unwrap();
+        assert_eq!(src, [0, 0]);
+        assert!(p.output_shape_sources(&[x, desc(&[-1, 4096], 1), g, g], &mut src).is_err(), "residual rank");
+        assert!(p.output_shape_sources(&[x, x, desc(&[4095], 1), g], &mut src).is_err(), "gamma size");
+        assert!(p.output_shape_sources(&[x, x, g, desc(&[2, 4096], 1)], &mut src).is_err(), "bias rank");
+        let mut q = fused(2, false);
+        let (x, g) = (desc(&[3, 5120], 7), desc(&[5120], 7));
+        q.on_shape_change(&[x, x, g], &[x, x]).unwrap();
+        assert!(q.on_shape_change(&[x, desc(&[3, 5121], 7), g], &[x, x]).is_err());
+        assert!(q.on_shape_change(&[x, x, desc(&[5121], 7)], &[x, x]).is_err());
+        assert!(q.on_shape_change(&[x, x, g], &[x, desc(&[3, 5120], 1)]).is_err());
+        assert!(q.on_shape_change(&[desc(&[3, 0], 7), desc(&[3, 0], 7), desc(&[0], 7)], &[x, x]).is_err());
+        let a = 0x1000;
+        assert!(q.enqueue(&[x, x, g], &[x, x], &[a, a + 8, a], &[a, a], 0).unwrap_err().to_string().contains("aligned"));
     }
 }

@@ -12,6 +12,7 @@
 use crate::fields::{PluginConfig, Strategy};
 use crate::kernels::Family;
 use crate::tensor::DataType;
+pub use crate::workspace::Message;
 use std::sync::OnceLock;
 
 /// A strategy as asked for: the plugin's `strategy` field, or `EDGELLM_ALLREDUCE_STRATEGY`.
@@ -77,15 +78,15 @@ fn auto_family(nranks: i32, bytes: u64) -> Family {
 /// What the custom kernels can do for this call (implemented by `workspace::Group`).
 pub trait Capability {
     fn nranks(&self) -> i32;
-    fn serves(&self, family: Family, dtype: DataType, bytes: u64) -> bool;
+    fn serves(&self, family: Family, dtype: DataType, message: &Message) -> bool;
 }
 
 impl Capability for crate::workspace::Group {
     fn nranks(&self) -> i32 {
         self.nranks
     }
-    fn serves(&self, family: Family, dtype: DataType, bytes: u64) -> bool {
-        crate::workspace::Group::serves(self, family, dtype, bytes)
+    fn serves(&self, family: Family, dtype: DataType, message: &Message) -> bool {
+        self.serves_message(family, dtype, message)
     }
 }
 
@@ -94,7 +95,8 @@ impl Capability for crate::workspace::Group {
 pub struct Call {
     pub tp_size: i32,
     pub dtype: DataType,
-    pub bytes: u64,
+    /// Bytes of the reduced tensor, and for the fused op its `(tokens, hidden)`.
+    pub message: Message,
     /// Input and output 16-byte aligned (the kernels' requirement).
     pub aligned: bool,
 }
@@ -158,9 +160,9 @@ pub fn choose(requested: Requested, call: &Call, group: Option<&dyn Capability>)
     if !call.aligned {
         return decide(Path::Nccl, Some(Fallback::Unaligned));
     }
-    let first = if requested == Requested::Auto { auto_family(group.nranks(), call.bytes) } else { families[0] };
+    let first = if requested == Requested::Auto { auto_family(group.nranks(), call.message.bytes) } else { families[0] };
     let start = families.iter().position(|f| *f == first).unwrap_or(0);
-    match families[start..].iter().find(|f| group.serves(**f, call.dtype, call.bytes)) {
+    match families[start..].iter().find(|f| group.serves(**f, call.dtype, &call.message)) {
         Some(f) => decide(Path::Custom(*f), None),
         None if requested == Requested::Auto => decide(Path::Nccl, None),
         None => decide(Path::Nccl, Some(Fallback::NotServed)),
@@ -179,12 +181,12 @@ mod tests {
         fn nranks(&self) -> i32 {
             self.nranks
         }
-        fn serves(&self, family: Family, _: DataType, bytes: u64) -> bool {
-            bytes <= if family == Family::Lamport { self.max_bytes.min(2 << 20) } else { self.max_bytes }
+        fn serves(&self, family: Family, _: DataType, m: &Message) -> bool {
+            m.bytes <= if family == Family::Lamport { self.max_bytes.min(2 << 20) } else { self.max_bytes }
         }
     }
     fn call(tp: i32, bytes: u64) -> Call {
-        Call { tp_size: tp, dtype: DataType::Bf16, bytes, aligned: true }
+        Call { tp_size: tp, dtype: DataType::Bf16, message: Message { bytes, rows: None }, aligned: true }
     }
     const GROUP2: Fake = Fake { nranks: 2, max_bytes: 16_000_000 };
     const GROUP8: Fake = Fake { nranks: 8, max_bytes: 8_000_000 };

@@ -14,7 +14,7 @@
 
 use crate::communicator::{self, CommInfo};
 use crate::error::{Error, Result};
-use crate::kernels::{self, AllReduceParams, DeviceKernels, Family, MAX_RANKS};
+use crate::kernels::{self, AllReduceParams, DeviceKernels, Family, FusedParams, Op, MAX_RANKS};
 use crate::registry::{self, Registration};
 use crate::tensor::DataType;
 use std::collections::HashMap;
@@ -36,6 +36,58 @@ pub fn max_message_bytes(nranks: i32) -> u64 {
 /// Default grid cap of a real group (one rank per GPU); `EDGELLM_ALLREDUCE_MAX_BLOCKS` overrides.
 fn default_max_blocks() -> u32 {
     std::env::var("EDGELLM_ALLREDUCE_MAX_BLOCKS").ok().and_then(|v| v.parse().ok()).unwrap_or(32)
+}
+
+/// A message as the kernels see it: its bytes, and for the fused op its rows.
+#[derive(Clone, Copy, Debug)]
+pub struct Message {
+    pub bytes: u64,
+    /// `(tokens, hidden)` of a fused all-reduce + residual + RMSNorm; None for a plain sum.
+    pub rows: Option<(u64, u32)>,
+}
+
+/// The tensors of one fused all-reduce + residual (+ bias) + RMSNorm (device addresses).
+#[derive(Clone, Copy, Debug)]
+pub struct FusedCall {
+    pub x: usize,
+    pub residual: usize,
+    /// 0: no bias.
+    pub bias: usize,
+    pub gamma: usize,
+    pub residual_out: usize,
+    pub normed: usize,
+    pub tokens: u64,
+    pub hidden: u32,
+    pub eps: f32,
+}
+
+impl FusedCall {
+    pub fn params(&self, ar: AllReduceParams) -> FusedParams {
+        FusedParams {
+            ar,
+            residual: self.residual as u64,
+            bias: self.bias as u64,
+            gamma: self.gamma as u64,
+            residual_out: self.residual_out as u64,
+            normed: self.normed as u64,
+            tokens: self.tokens,
+            hidden: self.hidden,
+            eps: self.eps,
+        }
+    }
+
+    /// Residual + bias + RMSNorm alone, on `x_reduced` (already summed by NCCL, or one rank),
+    /// with `kernels` of the current device.
+    ///
+    /// # Safety
+    /// Every address must be a 16-byte aligned device buffer of the current device of the
+    /// described size; `x_reduced` may equal `normed`.
+    pub unsafe fn launch_norm(&self, kernels: &DeviceKernels, dtype: DataType, x_reduced: usize, stream: usize) -> Result<()> {
+        let mut ar: AllReduceParams = std::mem::zeroed();
+        ar.input = x_reduced as u64;
+        ar.count = self.tokens * self.hidden as u64;
+        kernels.launch_norm(dtype, &self.params(ar), stream)
+    }
 }
 
 struct Member {
@@ -134,10 +186,45 @@ impl Group {
         self.members.iter().flatten()
     }
 
-    /// Whether `family` has a kernel for this group and `dtype`, and takes `bytes`.
+    /// Whether `family` has a plain all-reduce kernel for this group and `dtype`, and takes `bytes`.
     pub fn serves(&self, family: Family, dtype: DataType, bytes: u64) -> bool {
-        bytes <= family.max_bytes(self.max_bytes)
-            && self.local().next().is_some_and(|m| m.kernels.function(family, dtype, self.nranks).is_some())
+        self.serves_message(family, dtype, &Message { bytes, rows: None })
+    }
+
+    /// Whether `family` has a kernel for this group, `dtype` and the message's op, and takes it.
+    pub fn serves_message(&self, family: Family, dtype: DataType, message: &Message) -> bool {
+        let fits = match message.rows {
+            None => message.bytes <= family.max_bytes(self.max_bytes),
+            Some((tokens, hidden)) => kernels::fused_fits(family, tokens, hidden, dtype.size(), self.max_bytes, self.nranks),
+        };
+        let op = if message.rows.is_some() { Op::ResidualRmsNorm } else { Op::AllReduce };
+        fits && self.local().next().is_some_and(|m| m.kernels.function(family, op, dtype, self.nranks).is_some())
+    }
+
+    /// Enqueues rank `rank`'s part of one fused all-reduce + residual + RMSNorm.
+    ///
+    /// # Safety
+    /// As [`Group::launch`], for every tensor of `call`.
+    pub unsafe fn launch_fused(&self, rank: i32, family: Family, dtype: DataType, call: &FusedCall, stream: usize) -> Result<()> {
+        let (member, ar) = self.params(rank, call.x, 0, call.tokens as usize * call.hidden as usize)?;
+        member.kernels.launch_fused(family, dtype, &call.params(ar), self.max_blocks, stream)
+    }
+
+    fn params(&self, rank: i32, input: usize, output: usize, count: usize) -> Result<(&Member, AllReduceParams)> {
+        let member = self.members.get(rank as usize).and_then(Option::as_ref).ok_or_else(|| {
+            Error::invalid(format!("rank {rank} of this group is not driven by this process"))
+        })?;
+        let params = AllReduceParams {
+            peer_ws: self.peer_ws,
+            state: member.state,
+            input: input as u64,
+            output: output as u64,
+            count: count as u64,
+            ws_max_bytes: self.max_bytes,
+            rank,
+            nranks: self.nranks,
+        };
+        Ok((member, params))
     }
 
     /// Enqueues rank `rank`'s part of one all-reduce on `stream` (a stream of that rank's device).
@@ -156,19 +243,7 @@ impl Group {
         count: usize,
         stream: usize,
     ) -> Result<()> {
-        let member = self.members.get(rank as usize).and_then(Option::as_ref).ok_or_else(|| {
-            Error::invalid(format!("rank {rank} of this group is not driven by this process"))
-        })?;
-        let params = AllReduceParams {
-            peer_ws: self.peer_ws,
-            state: member.state,
-            input: input as u64,
-            output: output as u64,
-            count: count as u64,
-            ws_max_bytes: self.max_bytes,
-            rank,
-            nranks: self.nranks,
-        };
+        let (member, params) = self.params(rank, input, output, count)?;
         member.kernels.launch(family, dtype, &params, self.max_blocks, stream)
     }
 }

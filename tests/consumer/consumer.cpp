@@ -46,7 +46,7 @@ int main()
 
     AllReducePluginCreator creator;
     CHECK(std::strcmp(creator.getPluginName(), "AllReducePlugin") == 0);
-    CHECK(creator.getFieldNames()->nbFields == 5);
+    CHECK(creator.getFieldNames()->nbFields == 6);
     std::unique_ptr<nvinfer1::IPluginV3> created(creator.createPlugin("x", fc, nvinfer1::TensorRTPhase::kRUNTIME));
     CHECK(created != nullptr);
     CHECK(creator.createPlugin("x", nullptr, nvinfer1::TensorRTPhase::kRUNTIME) == nullptr);

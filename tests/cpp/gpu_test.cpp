@@ -5,10 +5,14 @@
 
 #include "library.h"
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdlib>
 #include <memory>
 #include <random>
@@ -296,6 +300,192 @@ std::vector<uint8_t> encode(std::vector<float> const& v, DataType t)
 }
 } // namespace
 
+// --- Fused all-reduce + residual (+ bias) + RMSNorm ------------------------------------------
+namespace
+{
+float toFloat(uint16_t bits, DataType t)
+{
+    return t == DataType::kHALF ? __half2float(__ushort_as_half(bits)) : __bfloat162float(__ushort_as_bfloat16(bits));
+}
+
+uint16_t fromFloat(float v, DataType t)
+{
+    return t == DataType::kHALF ? __half_as_ushort(__float2half_rn(v)) : __bfloat16_as_ushort(__float2bfloat16_rn(v));
+}
+
+//! Values of `n` elements of type t, random in [-2, 2), rounded to t; as raw bytes and as floats.
+struct Tensor
+{
+    std::vector<uint8_t> bytes;
+    std::vector<float> values;
+};
+
+Tensor randomValues(size_t n, DataType t, uint32_t seed)
+{
+    std::mt19937 rng(seed);
+    std::uniform_real_distribution<float> dist(-2.F, 2.F);
+    Tensor out{std::vector<uint8_t>(n * sizeOf(t)), std::vector<float>(n)};
+    for (size_t i = 0; i < n; ++i)
+    {
+        float v = dist(rng);
+        if (t == DataType::kFLOAT)
+        {
+            std::memcpy(&out.bytes[4 * i], &v, 4);
+        }
+        else
+        {
+            uint16_t b = fromFloat(v, t);
+            v = toFloat(b, t);
+            std::memcpy(&out.bytes[2 * i], &b, 2);
+        }
+        out.values[i] = v;
+    }
+    return out;
+}
+
+std::vector<double> decodeAll(std::vector<uint8_t> const& bytes, DataType t)
+{
+    std::vector<double> out(bytes.size() / sizeOf(t));
+    for (size_t i = 0; i < out.size(); ++i)
+    {
+        if (t == DataType::kFLOAT)
+        {
+            float f = 0;
+            std::memcpy(&f, &bytes[4 * i], 4);
+            out[i] = f;
+        }
+        else
+        {
+            uint16_t b = 0;
+            std::memcpy(&b, &bytes[2 * i], 2);
+            out[i] = toFloat(b, t);
+        }
+    }
+    return out;
+}
+
+double tolerance(DataType t)
+{
+    return t == DataType::kFLOAT ? 1e-5 : t == DataType::kHALF ? 2e-3 : 1e-2;
+}
+
+//! ||got - ref|| / ||ref||.
+double relError(std::vector<double> const& got, std::vector<double> const& ref)
+{
+    double e = 0, n = 0;
+    for (size_t i = 0; i < ref.size(); ++i)
+    {
+        e += (got[i] - ref[i]) * (got[i] - ref[i]);
+        n += ref[i] * ref[i];
+    }
+    return std::sqrt(e / std::max(n, 1e-30));
+}
+
+struct FusedCase
+{
+    size_t tokens, hidden;
+    bool bias;
+    DataType type;
+};
+
+//! The per-rank inputs of one fused case and the fp64 reference of both outputs.
+struct FusedData
+{
+    std::vector<Tensor> x; // per rank
+    Tensor residual, gamma, bias;
+    std::vector<double> residualOut, normed;
+};
+
+FusedData fusedData(FusedCase const& c, int ranks, float eps, uint32_t seed)
+{
+    FusedData d;
+    size_t const n = c.tokens * c.hidden;
+    for (int r = 0; r < ranks; ++r)
+    {
+        d.x.push_back(randomValues(n, c.type, seed + 17 * r));
+    }
+    d.residual = randomValues(n, c.type, seed + 1000);
+    d.gamma = randomValues(c.hidden, c.type, seed + 2000);
+    d.bias = randomValues(c.hidden, c.type, seed + 3000);
+    d.residualOut.resize(n);
+    d.normed.resize(n);
+    for (size_t row = 0; row < c.tokens; ++row)
+    {
+        double ss = 0;
+        for (size_t j = 0; j < c.hidden; ++j)
+        {
+            size_t const i = row * c.hidden + j;
+            double v = d.residual.values[i] + (c.bias ? d.bias.values[j] : 0.0);
+            for (int r = 0; r < ranks; ++r)
+            {
+                v += d.x[r].values[i];
+            }
+            d.residualOut[i] = v;
+            ss += v * v;
+        }
+        double const scale = 1.0 / std::sqrt(ss / static_cast<double>(c.hidden) + eps);
+        for (size_t j = 0; j < c.hidden; ++j)
+        {
+            size_t const i = row * c.hidden + j;
+            d.normed[i] = d.residualOut[i] * scale * d.gamma.values[j];
+        }
+    }
+    return d;
+}
+
+//! Runs the fused plugin for one rank on the current device; returns (normed, residual_out).
+std::pair<std::vector<uint8_t>, std::vector<uint8_t>> runFused(
+    IPluginV3* plugin, FusedCase const& c, FusedData const& d, int rank)
+{
+    size_t const bytes = c.tokens * c.hidden * sizeOf(c.type);
+    size_t const wbytes = c.hidden * sizeOf(c.type);
+    DeviceBuffer x(bytes), res(bytes), gamma(wbytes), bias(wbytes), normed(bytes), resOut(bytes);
+    cudaMemcpy(x.ptr, d.x[rank].bytes.data(), bytes, cudaMemcpyHostToDevice);
+    cudaMemcpy(res.ptr, d.residual.bytes.data(), bytes, cudaMemcpyHostToDevice);
+    cudaMemcpy(gamma.ptr, d.gamma.bytes.data(), wbytes, cudaMemcpyHostToDevice);
+    cudaMemcpy(bias.ptr, d.bias.bytes.data(), wbytes, cudaMemcpyHostToDevice);
+    cudaMemset(normed.ptr, 0xff, bytes);
+    cudaMemset(resOut.ptr, 0xff, bytes);
+    PluginTensorDesc xd = testlib::tensor({static_cast<int64_t>(c.tokens), static_cast<int64_t>(c.hidden)}, c.type);
+    PluginTensorDesc wd = testlib::tensor({static_cast<int64_t>(c.hidden)}, c.type);
+    PluginTensorDesc in[4] = {xd, xd, wd, wd};
+    PluginTensorDesc out[2] = {xd, xd};
+    void const* ins[4] = {x.ptr, res.ptr, gamma.ptr, bias.ptr};
+    void* outs[2] = {normed.ptr, resOut.ptr};
+    std::pair<std::vector<uint8_t>, std::vector<uint8_t>> result;
+    if (testlib::views(plugin).runtime->enqueue(in, out, ins, outs, nullptr, nullptr) != 0)
+    {
+        return result;
+    }
+    cudaDeviceSynchronize();
+    result.first.resize(bytes);
+    result.second.resize(bytes);
+    cudaMemcpy(result.first.data(), normed.ptr, bytes, cudaMemcpyDeviceToHost);
+    cudaMemcpy(result.second.data(), resOut.ptr, bytes, cudaMemcpyDeviceToHost);
+    return result;
+}
+
+PluginPtr makeFused(int32_t tp, int32_t strategy, bool bias, float eps)
+{
+    testlib::Fields f;
+    f.i32("tp_size", tp).i32("strategy", strategy).i32("fusion_op", 1).i32("has_bias", bias ? 1 : 0).f32("eps", eps);
+    return PluginPtr(testlib::createPlugin(f));
+}
+
+std::vector<FusedCase> fusedCases()
+{
+    std::vector<FusedCase> cases;
+    for (DataType t : {DataType::kHALF, DataType::kBF16, DataType::kFLOAT})
+    {
+        for (auto [tokens, hidden] : {std::pair<size_t, size_t>{1, 4096}, {3, 1000}, {16, 5120}, {128, 8192}})
+        {
+            cases.push_back({tokens, hidden, tokens % 2 == 1, t});
+        }
+    }
+    return cases;
+}
+} // namespace
+
 // Two real GPUs, one thread per rank as Edge-LLM drives them, communicators from
 // ncclCommInitAll registered the Edge-LLM way: every strategy (NCCL, ONESHOT, TWOSHOT, AUTO) and
 // type sums rank-dependent inputs exactly, and both ranks agree bit for bit.
@@ -380,11 +570,63 @@ TEST(Gpu, TwoRanksSumThroughEveryStrategy)
             }
         }
     }
+    // The fused op through every strategy: both ranks identical, within tolerance of fp64.
+    float const eps = 1e-6F;
+    for (int32_t strategy : {0, 1, 2, 3})
+    {
+        for (FusedCase const& c : fusedCases())
+        {
+            FusedData d = fusedData(c, 2, eps, static_cast<uint32_t>(strategy * 7 + c.hidden));
+            std::pair<std::vector<uint8_t>, std::vector<uint8_t>> results[2];
+            std::vector<std::thread> ranks;
+            for (int r = 0; r < 2; ++r)
+            {
+                ranks.emplace_back([&, r] {
+                    cudaSetDevice(r);
+                    PluginPtr p = makeFused(2, strategy, c.bias, eps);
+                    if (p)
+                    {
+                        results[r] = runFused(p.get(), c, d, r);
+                    }
+                });
+            }
+            for (auto& th : ranks)
+            {
+                th.join();
+            }
+            std::string const what = "fused strategy " + std::to_string(strategy) + " " + std::to_string(c.tokens) + "x"
+                + std::to_string(c.hidden) + " type " + std::to_string(static_cast<int>(c.type)) + (c.bias ? " bias" : "");
+            ASSERT_FALSE(results[0].first.empty()) << what;
+            ASSERT_FALSE(results[1].first.empty()) << what;
+            EXPECT_EQ(results[0], results[1]) << "ranks differ: " << what;
+            EXPECT_LT(relError(decodeAll(results[0].second, c.type), d.residualOut), tolerance(c.type)) << what;
+            EXPECT_LT(relError(decodeAll(results[0].first, c.type), d.normed), 2 * tolerance(c.type)) << what;
+        }
+    }
+
     EXPECT_TRUE(unreg(0, comms[0]));
     EXPECT_EQ(customRanks(1), 0) << "unregistering one rank releases the group";
     EXPECT_TRUE(unreg(1, comms[1]));
     destroy(comms[0]);
     destroy(comms[1]);
+}
+
+TEST(Gpu, FusedResidualRmsNormOneRank)
+{
+    REQUIRE_GPU();
+    float const eps = 1e-5F;
+    for (FusedCase const& c : fusedCases())
+    {
+        PluginPtr p = makeFused(1, 3, c.bias, eps);
+        ASSERT_NE(p, nullptr);
+        FusedData d = fusedData(c, 1, eps, static_cast<uint32_t>(c.tokens * 31 + c.hidden));
+        auto [normed, resOut] = runFused(p.get(), c, d, 0);
+        ASSERT_FALSE(normed.empty()) << "enqueue failed";
+        std::string const what = std::to_string(c.tokens) + "x" + std::to_string(c.hidden) + " type "
+            + std::to_string(static_cast<int>(c.type)) + (c.bias ? " bias" : "");
+        EXPECT_LT(relError(decodeAll(resOut, c.type), d.residualOut), tolerance(c.type)) << what;
+        EXPECT_LT(relError(decodeAll(normed, c.type), d.normed), 2 * tolerance(c.type)) << what;
+    }
 }
 
 // --- Multi-process: one rank per process (MPI style), ncclCommInitRank, workspaces exchanged ----

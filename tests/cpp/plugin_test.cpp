@@ -39,10 +39,11 @@ TEST(Creator, DeclaresItsFields)
     ASSERT_NE(c, nullptr);
     PluginFieldCollection const* fc = c->getFieldNames();
     ASSERT_NE(fc, nullptr);
-    ASSERT_EQ(fc->nbFields, 5);
+    ASSERT_EQ(fc->nbFields, 6);
     std::vector<std::pair<std::string, PluginFieldType>> expected{{"tp_size", PluginFieldType::kINT32},
         {"strategy", PluginFieldType::kINT32}, {"config", PluginFieldType::kINT32},
-        {"fusion_op", PluginFieldType::kINT32}, {"eps", PluginFieldType::kFLOAT32}};
+        {"fusion_op", PluginFieldType::kINT32}, {"eps", PluginFieldType::kFLOAT32},
+        {"has_bias", PluginFieldType::kINT32}};
     for (int32_t i = 0; i < fc->nbFields; ++i)
     {
         EXPECT_EQ(fc->fields[i].name, expected[i].first);
@@ -243,14 +244,74 @@ TEST(Creator, Int64TpSizeFromOnnxIsAccepted)
     EXPECT_EQ(testlib::serialized(testlib::views(p.get()).runtime)[0].second, bytesOf(2));
 }
 
-TEST(Creator, FusionIsRefusedUntilSupported)
+TEST(Fused, InterfaceOfTheFusedOp)
 {
-    Fields f;
-    f.i32("tp_size", 2).i32("fusion_op", 1);
-    EXPECT_EQ(testlib::createPlugin(f), nullptr);
-    Fields g;
-    g.i32("tp_size", 2).i32("config", 2);
-    EXPECT_EQ(testlib::createPlugin(g), nullptr);
+    for (bool bias : {false, true})
+    {
+        Fields f;
+        f.i32("tp_size", 2).i32("fusion_op", 1).f32("eps", 1e-5F).i32("has_bias", bias ? 1 : 0);
+        PluginPtr p(testlib::createPlugin(f));
+        ASSERT_NE(p, nullptr);
+        auto v = testlib::views(p.get());
+        int32_t const nbIn = bias ? 4 : 3;
+        EXPECT_EQ(v.build->getNbOutputs(), 2);
+        std::vector<DataType> in(nbIn, DataType::kBF16);
+        DataType out[2] = {DataType::kINT8, DataType::kINT8};
+        EXPECT_EQ(v.build->getOutputDataTypes(out, 2, in.data(), nbIn), 0);
+        EXPECT_EQ(out[0], DataType::kBF16);
+        EXPECT_EQ(out[1], DataType::kBF16);
+        in[2] = DataType::kHALF;
+        EXPECT_EQ(v.build->getOutputDataTypes(out, 2, in.data(), nbIn), -1) << "gamma of another type";
+        EXPECT_EQ(v.build->getOutputDataTypes(out, 1, in.data(), 1), -1) << "the plain interface";
+
+        fake::ExprBuilder builder;
+        std::vector<DimsExprs> shapes{builder.dims({-1, 4096}), builder.dims({-1, 4096}), builder.dims({4096})};
+        if (bias)
+        {
+            shapes.push_back(builder.dims({4096}));
+        }
+        shapes[1].d[0] = shapes[0].d[0];
+        DimsExprs outs[2]{};
+        ASSERT_EQ(v.build->getOutputShapes(shapes.data(), nbIn, nullptr, 0, outs, 2, builder), 0);
+        for (auto const& o : outs)
+        {
+            ASSERT_EQ(o.nbDims, 2);
+            EXPECT_EQ(o.d[0], shapes[0].d[0]);
+            EXPECT_EQ(o.d[1], shapes[0].d[1]);
+        }
+        shapes[2] = builder.dims({4095});
+        EXPECT_EQ(v.build->getOutputShapes(shapes.data(), nbIn, nullptr, 0, outs, 2, builder), -1) << "gamma size";
+
+        std::vector<DynamicPluginTensorDesc> io(nbIn + 2, testlib::dynamicTensor({2, 4096}, DataType::kHALF));
+        for (int32_t pos = 0; pos < nbIn + 2; ++pos)
+        {
+            EXPECT_TRUE(v.build->supportsFormatCombination(pos, io.data(), nbIn, 2)) << pos;
+        }
+        io[nbIn] = testlib::dynamicTensor({2, 4096}, DataType::kFLOAT);
+        EXPECT_FALSE(v.build->supportsFormatCombination(nbIn, io.data(), nbIn, 2));
+
+        PluginTensorDesc x = testlib::tensor({2, 4096}, DataType::kHALF);
+        PluginTensorDesc g = testlib::tensor({4096}, DataType::kHALF);
+        std::vector<PluginTensorDesc> rin{x, x, g};
+        if (bias)
+        {
+            rin.push_back(g);
+        }
+        PluginTensorDesc rout[2] = {x, x};
+        EXPECT_EQ(v.runtime->onShapeChange(rin.data(), nbIn, rout, 2), 0);
+        rin[1] = testlib::tensor({2, 4095}, DataType::kHALF);
+        EXPECT_EQ(v.runtime->onShapeChange(rin.data(), nbIn, rout, 2), -1) << "residual shape";
+        auto fields = testlib::serialized(v.runtime);
+        EXPECT_EQ(fields.size(), bias ? 4U : 3U) << "tp_size, fusion_op, eps (, has_bias)";
+    }
+    Fields seedConfig;
+    seedConfig.i32("tp_size", 2).i32("config", 2);
+    PluginPtr q(testlib::createPlugin(seedConfig));
+    ASSERT_NE(q, nullptr) << "the seed's config bit RESIDUAL_RMS_NORM fuses too";
+    EXPECT_EQ(testlib::views(q.get()).build->getNbOutputs(), 2);
+    Fields biasAlone;
+    biasAlone.i32("tp_size", 2).i32("has_bias", 1);
+    EXPECT_EQ(testlib::createPlugin(biasAlone), nullptr) << "has_bias without fusion";
 }
 
 TEST(Plugin, EnqueueRejectsBadCallsWithoutAGpu)

@@ -167,7 +167,10 @@ __device__ inline bool classify(double got, double ref, bool* finite_ok) {
   *finite_ok = false;
   if (isnan(ref)) return isnan(got);
   if (isinf(ref)) return got == ref;
-  if (ref == 0.0 && got == 0.0) return signbit(ref) == signbit(got);
+  if (ref == 0.0 && got == 0.0) {
+    *finite_ok = true;  // an exact zero is a finite result (error 0), not a non-finite one
+    return signbit(ref) == signbit(got);
+  }
   *finite_ok = isfinite(got);
   return true;
 }
