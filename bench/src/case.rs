@@ -7,13 +7,13 @@ use edgellm_allreduce::kernels::Family;
 /// is reported as `n/a`.
 ///
 /// EXTENSION POINT: fused all-reduce + residual + RMSNorm rows. Add a variant here, e.g.
-/// `FusedResidualRmsNorm(Family)`, give it a `name` and a `parse` arm, list it in
-/// [`Case::defaults`], and handle it where the compiler then points: `sim::plan` /
-/// `real::plan` (can it run at this size? which kernel?), `sim::Sim::enqueue` /
-/// `real::Worker::enqueue` (enqueue one call: the extra residual / weight buffers belong to the
-/// runner, allocated next to `inputs`/`outputs`), and `data::reference` if the expected output
-/// is not the plain sum (RMSNorm of sum + residual). Timing, checks, CSV, table and plot need no
-/// change: they only see a row name and a traffic size.
+/// `FusedResidualRmsNorm(Family)`, give it a `name` and list it in [`Case::ALL`] (and
+/// `runs_in`), then handle it where the compiler points: `sim::plan` / `real::Shared::plan`
+/// (can it run at this size, with which kernel), `SimRun::enqueue` / `RealRun::enqueue` (one
+/// call; the residual and weight buffers belong to the runner, next to its inputs and outputs),
+/// and the reference of the check (`data::generate` sums the inputs; a fused row's expected
+/// output is RMSNorm(sum + residual)·weight, and it may have two outputs to check). Timing,
+/// graphs, CSV, table and plot need no change: they only see a row name.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Case {
     /// `ncclAllReduce` called directly (real mode only).
@@ -68,6 +68,12 @@ impl Case {
     pub fn is_meta(self) -> bool {
         matches!(self, Case::Auto | Case::Plugin)
     }
+}
+
+/// The plain all-reduce call AUTO decides on (aligned buffers: the benchmark's are).
+pub fn plain_call(tp_size: i32, dtype: edgellm_allreduce::tensor::DataType, bytes: u64) -> edgellm_allreduce::strategy::Call {
+    let message = edgellm_allreduce::workspace::Message { bytes, rows: None };
+    edgellm_allreduce::strategy::Call { tp_size, dtype, message, aligned: true }
 }
 
 /// Short name of a path actually taken (the `path` column, and the tag of AUTO/plugin cells).

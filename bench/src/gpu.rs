@@ -69,7 +69,11 @@ impl DevBuf {
         assert!(data.len() <= self.bytes);
         self.ctx.bind_to_thread().ctx("binding the context")?;
         // SAFETY: the destination holds data.len() bytes.
-        check("cuMemcpyHtoD", unsafe { sys::cuMemcpyHtoD_v2(self.ptr, data.as_ptr().cast(), data.len()) })
+        check("cuMemcpyHtoD", unsafe { sys::cuMemcpyHtoD_v2(self.ptr, data.as_ptr().cast(), data.len()) })?;
+        // A copy from pageable memory may return before its DMA lands, ordered only with the
+        // legacy stream: wait for it before non-blocking streams read the buffer.
+        // SAFETY: no arguments.
+        check("cuCtxSynchronize", unsafe { sys::cuCtxSynchronize() })
     }
 
     /// The first `len` bytes (synchronous; synchronize the writing stream first).
@@ -112,6 +116,80 @@ pub fn capture(stream: &Arc<CudaStream>, enqueue: impl FnOnce() -> Res<()>) -> R
     let graph = ended.ctx("cuStreamEndCapture / cuGraphInstantiate")?.ok_or("the capture recorded nothing")?;
     graph.upload().ctx("cuGraphUpload")?;
     Ok(graph)
+}
+
+/// The start gate of a timed batch: a host-mapped word that the streams wait on
+/// (`cuStreamWaitValue32`) before their start event. A batch is enqueued behind the closed gate,
+/// then one store opens it for every stream (every device) at once: the replays run back to back
+/// from a full queue, so the time is the GPU's, not the host's launch rate, and devices start
+/// within the gate's wake-up latency of each other.
+pub struct Gate {
+    word: *mut u32,
+}
+// SAFETY: the word is pinned host memory that lives as long as the gate; it is only accessed
+// atomically.
+unsafe impl Send for Gate {}
+unsafe impl Sync for Gate {}
+
+/// More calls than this behind a closed gate could fill a stream's queue and block the host
+/// before it opens the gate: such batches run ungated.
+pub const GATE_MAX_CALLS: u32 = 100;
+
+impl Gate {
+    /// Allocates the word (portable, mapped pinned memory); needs a current context.
+    pub fn new() -> Res<Gate> {
+        let mut p: *mut std::ffi::c_void = std::ptr::null_mut();
+        // SAFETY: valid out-pointer; 4 bytes.
+        check("cuMemHostAlloc", unsafe { sys::cuMemHostAlloc(&mut p, 64, sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP) })?;
+        let word = p.cast::<u32>();
+        // SAFETY: freshly allocated, aligned, exclusively ours.
+        unsafe { word.write_volatile(0) };
+        Ok(Gate { word })
+    }
+
+    fn atomic(&self) -> &std::sync::atomic::AtomicU32 {
+        // SAFETY: an aligned u32 that lives as long as self, only accessed atomically.
+        unsafe { &*(self.word as *const std::sync::atomic::AtomicU32) }
+    }
+
+    /// The word's device address in the current context.
+    pub fn device_ptr(&self) -> Res<u64> {
+        let mut d = 0;
+        // SAFETY: valid out-pointer; the word is mapped (DEVICEMAP).
+        check("cuMemHostGetDevicePointer", unsafe { sys::cuMemHostGetDevicePointer_v2(&mut d, self.word.cast(), 0) })?;
+        Ok(d)
+    }
+
+    /// The value that opens the next batch (read between batches, when nobody writes).
+    pub fn next(&self) -> u32 {
+        self.atomic().load(std::sync::atomic::Ordering::SeqCst).wrapping_add(1)
+    }
+
+    /// Makes `stream` wait until the word reaches `value`.
+    pub fn wait(device_ptr: u64, value: u32, stream: &CudaStream) -> Res<()> {
+        let geq = sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32;
+        // SAFETY: device_ptr is the mapped word in this stream's context.
+        check("cuStreamWaitValue32", unsafe { sys::cuStreamWaitValue32_v2(stream.cu_stream(), device_ptr, value, geq) })
+    }
+
+    pub fn open(&self, value: u32) {
+        self.atomic().store(value, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Whether `stream` can wait on the gate (a wait that is already satisfied, then a sync).
+    pub fn probe(&self, stream: &CudaStream) -> Res<u64> {
+        let d = self.device_ptr()?;
+        Gate::wait(d, 0, stream)?;
+        stream.synchronize().ctx("synchronize")?;
+        Ok(d)
+    }
+}
+
+impl Drop for Gate {
+    fn drop(&mut self) {
+        // SAFETY: allocated by cuMemHostAlloc; every stream waiting on it has finished.
+        unsafe { sys::cuMemFreeHost(self.word.cast()) };
+    }
 }
 
 /// Two timing events on one stream.

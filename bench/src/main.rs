@@ -184,6 +184,12 @@ fn run(a: RunArgs) -> i32 {
     } else {
         // No NVLink multicast (NVLS) objects: NCCL's NVLS algorithms are switched off.
         env_set("NCCL_NVLS_ENABLE", "0");
+        // The communicators are registered from one thread, as Edge-LLM does; an exchange at
+        // registration (a collective) would wait forever for the ranks not registered yet.
+        if std::env::var("EDGELLM_ALLREDUCE_EXCHANGE").is_ok_and(|v| v == "register") {
+            println!("environment: EDGELLM_ALLREDUCE_EXCHANGE=register ignored (one thread registers every device)");
+            std::env::remove_var("EDGELLM_ALLREDUCE_EXCHANGE");
+        }
     }
     if let Some(ws) = a.workspace_bytes {
         env_set("EDGELLM_ALLREDUCE_WORKSPACE_BYTES", &ws.to_string());
@@ -278,7 +284,7 @@ fn run(a: RunArgs) -> i32 {
             let (nccl, note) = match nccl::Nccl::load(a.nccl_lib.as_deref()) {
                 Ok(l) => (Some(l), String::new()),
                 Err(e) => {
-                    sink.lock().unwrap().bar.println(format!("warning: {e}; the NCCL and plugin rows are skipped"));
+                    sink.lock().unwrap().say(format!("warning: {e}; the NCCL and plugin rows are skipped"));
                     (None, e)
                 }
             };

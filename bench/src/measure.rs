@@ -6,24 +6,26 @@
 //! 1. check: outputs poisoned, one all-reduce, every rank's output bit-identical and within
 //!    tolerance of the fp64 sum (a failure skips the timing);
 //! 2. capture ONE all-reduce into a CUDA graph (per thread: one graph per device in real mode);
-//! 3. graph timing: `warmup + batches` batches; each batch starts on every device together
-//!    (barrier), replays the graph `replays` times back to back between two events; per-call
-//!    time = elapsed / replays; a batch's time is its slowest device's; median, p10, p90 over
-//!    the timed batches;
-//! 4. eager timing: the same with direct launches (host launch cost included);
+//! 3. graph timing: `warmup + batches` batches; each batch is enqueued on every device behind
+//!    a closed [`Gate`] (start event, the graph replayed `replays` times back to back, stop
+//!    event), then the gate opens for all devices at once; per-call time = elapsed / replays;
+//!    a batch's time is its slowest device's; median, p10, p90 over the timed batches;
+//! 4. eager timing: the same with direct launches, ungated (the batch starts on every thread
+//!    from a spinning barrier), so the host's launch cost is included;
 //! 5. check again after the replays (outputs poisoned, one replay).
 //!
 //! A launch that fails on one rank while its peers' kernels spin cannot be recovered: every
 //! thread learns it at the next agreement point (before it waits on the GPU) and the run stops.
 
 use crate::data::{self, OutputCheck};
-use crate::gpu::{capture, watchdog, Res, Timer};
+use crate::gpu::{capture, watchdog, Gate, Res, Timer, GATE_MAX_CALLS};
 use crate::record::{Record, Status};
 use crate::stats;
 use cudarc::driver::CudaStream;
 use edgellm_allreduce::tensor::DataType;
 use std::any::Any;
-use std::sync::{Arc, Barrier, Mutex};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 #[derive(Clone, Copy, Debug)]
 pub struct Settings {
@@ -47,6 +49,7 @@ pub trait Runner {
 
 /// The threads that measure a row together.
 pub trait Team {
+    fn rank(&self) -> usize;
     fn barrier(&self);
     /// Every thread's value, in rank order.
     fn gather<T: Clone + Send + 'static>(&self, v: T) -> Vec<T>;
@@ -55,20 +58,55 @@ pub trait Team {
 /// One thread (simulation).
 pub struct Solo;
 impl Team for Solo {
+    fn rank(&self) -> usize {
+        0
+    }
     fn barrier(&self) {}
     fn gather<T: Clone + Send + 'static>(&self, v: T) -> Vec<T> {
         vec![v]
     }
 }
 
+/// A barrier whose waiters spin (then yield): every thread leaves within about a microsecond
+/// of the last arrival, where a sleeping barrier's wake-ups spread over tens of µs. A batch's
+/// start skew between devices ends up in the slowest device's time (divided by the replays).
+pub struct SpinBarrier {
+    n: usize,
+    arrived: AtomicUsize,
+    generation: AtomicUsize,
+}
+impl SpinBarrier {
+    pub fn new(n: usize) -> Self {
+        SpinBarrier { n, arrived: AtomicUsize::new(0), generation: AtomicUsize::new(0) }
+    }
+    pub fn wait(&self) {
+        let generation = self.generation.load(Ordering::Acquire);
+        if self.arrived.fetch_add(1, Ordering::AcqRel) + 1 == self.n {
+            // Reset before releasing: nobody arrives for the next round before the release.
+            self.arrived.store(0, Ordering::Relaxed);
+            self.generation.fetch_add(1, Ordering::Release);
+            return;
+        }
+        let mut spins = 0u32;
+        while self.generation.load(Ordering::Acquire) == generation {
+            if spins < 1 << 16 {
+                spins += 1;
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+    }
+}
+
 /// What the threads of a real-mode team share.
 pub struct Meeting {
-    barrier: Barrier,
+    barrier: SpinBarrier,
     slots: Mutex<Vec<Option<Box<dyn Any + Send>>>>,
 }
 impl Meeting {
     pub fn new(n: usize) -> Self {
-        Meeting { barrier: Barrier::new(n), slots: Mutex::new((0..n).map(|_| None).collect()) }
+        Meeting { barrier: SpinBarrier::new(n), slots: Mutex::new((0..n).map(|_| None).collect()) }
     }
 }
 
@@ -78,6 +116,9 @@ pub struct Member<'a> {
     pub rank: usize,
 }
 impl Team for Member<'_> {
+    fn rank(&self) -> usize {
+        self.rank
+    }
     fn barrier(&self) {
         self.meeting.barrier.wait();
     }
@@ -147,21 +188,44 @@ fn agree(team: &impl Team, r: &Res<()>) -> Result<(), Fatal> {
     }
 }
 
+/// This thread's view of the start gate: the gate and its address in this thread's context.
+#[derive(Clone, Copy)]
+pub struct Gated<'a> {
+    pub gate: &'a Gate,
+    pub device_ptr: u64,
+}
+
 /// Times `warmup + batches` batches of `replays` calls of `launch`; the slowest thread's
-/// per-call time of each timed batch (µs).
-fn batches(runner: &impl Runner, team: &impl Team, timer: &Timer, s: &Settings, launch: &dyn Fn() -> Res<()>) -> Result<Vec<f64>, Fatal> {
+/// per-call time of each timed batch (µs). With a gate, each batch is enqueued behind it and
+/// rank 0 opens it once every thread has enqueued; without, the threads start together from a
+/// spinning barrier.
+fn batches(runner: &impl Runner, team: &impl Team, timer: &Timer, s: &Settings, gate: Option<Gated>, launch: &dyn Fn() -> Res<()>) -> Result<Vec<f64>, Fatal> {
     let stream = runner.stream();
+    let gate = gate.filter(|_| s.replays <= GATE_MAX_CALLS);
     let mut mine = Vec::new();
     for b in 0..s.warmup + s.batches {
         team.barrier();
         let (start, stop) = timer.events();
-        let enqueued = start
-            .record(stream)
-            .map_err(|e| format!("cuEventRecord: {e:?}"))
+        let value = gate.map(|g| g.gate.next());
+        let gated = match (gate, value) {
+            (Some(g), Some(v)) => Gate::wait(g.device_ptr, v, stream),
+            _ => Ok(()),
+        };
+        let enqueued = gated
+            .and_then(|_| start.record(stream).map_err(|e| format!("cuEventRecord: {e:?}")))
             .and_then(|_| (0..s.replays).try_for_each(|_| launch()))
             .and_then(|_| stop.record(stream).map_err(|e| format!("cuEventRecord: {e:?}")));
-        agree(team, &enqueued)?;
-        let us = timer.wait_per_call_us(s.replays).map_err(Fatal)?;
+        let all = agree(team, &enqueued);
+        // Open the gate even when an enqueue failed: the streams that did enqueue must drain.
+        if let (Some(g), Some(v)) = (gate, value) {
+            if team.rank() == 0 {
+                g.gate.open(v);
+            }
+        }
+        all?;
+        let us = timer.wait_per_call_us(s.replays);
+        agree(team, &us.as_ref().map(|_| ()).map_err(Clone::clone))?;
+        let us = us.expect("agreed");
         if b >= s.warmup {
             mine.push(us);
         }
@@ -172,7 +236,7 @@ fn batches(runner: &impl Runner, team: &impl Team, timer: &Timer, s: &Settings, 
 
 /// Measures one row (see the module documentation). Every thread of the team calls it with the
 /// same settings; all get the same result.
-pub fn measure(runner: &impl Runner, team: &impl Team, timer: &Timer, s: &Settings, dtype: DataType) -> Result<Measured, Fatal> {
+pub fn measure(runner: &impl Runner, team: &impl Team, timer: &Timer, s: &Settings, gate: Option<Gated>, dtype: DataType) -> Result<Measured, Fatal> {
     let mut m = Measured::default();
     let eager = || runner.enqueue();
     if let Err(e) = checked(runner, team, dtype, &eager)? {
@@ -189,9 +253,10 @@ pub fn measure(runner: &impl Runner, team: &impl Team, timer: &Timer, s: &Settin
     }
     let graph = graph.expect("every rank captured");
     let replay = || graph.launch().map_err(|e| format!("cuGraphLaunch: {e:?}"));
-    m.graph = Some(stats::summarize(&batches(runner, team, timer, s, &replay)?));
+    m.graph = Some(stats::summarize(&batches(runner, team, timer, s, gate, &replay)?));
     if s.eager {
-        m.eager = Some(stats::summarize(&batches(runner, team, timer, s, &eager)?).median);
+        // Eager is ungated: the host's launch cost is part of what it measures.
+        m.eager = Some(stats::summarize(&batches(runner, team, timer, s, None, &eager)?).median);
     }
     match checked(runner, team, dtype, &replay)? {
         Ok(_) => m.status = Some(Status::Ok),
@@ -226,12 +291,12 @@ impl Sink {
     pub fn push(&mut self, r: Record, counts: bool) {
         if let Some(w) = self.csv.as_mut() {
             if let Err(e) = w.write(&r) {
-                self.bar.println(format!("warning: writing the CSV: {e}"));
+                self.say(format!("warning: writing the CSV: {e}"));
                 self.csv = None;
             }
         }
         if matches!(r.status, Status::Failed | Status::Error) {
-            self.bar.println(format!(
+            self.say(format!(
                 "{} {} ranks {} {} {}: {} {}",
                 r.mode,
                 r.ranks,
@@ -251,5 +316,47 @@ impl Sink {
     pub fn message(&self, m: String) {
         watchdog::at(m.clone());
         self.bar.set_message(m);
+    }
+
+    /// A line on stderr above the bar (indicatif drops `println` when stderr is not a terminal).
+    pub fn say(&self, m: String) {
+        if self.bar.is_hidden() {
+            eprintln!("{m}");
+        } else {
+            self.bar.println(m);
+        }
+    }
+
+    /// Progress as a plain line when there is no bar to show it (a log file).
+    pub fn step(&self, m: String) {
+        if self.bar.is_hidden() {
+            eprintln!("[{}/{}] {m}", self.bar.position(), self.bar.length().unwrap_or(0));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn team_gathers_in_rank_order_round_after_round() {
+        let meeting = Meeting::new(4);
+        std::thread::scope(|s| {
+            for rank in 0..4 {
+                let meeting = &meeting;
+                s.spawn(move || {
+                    let team = Member { meeting, rank };
+                    for round in 0..50usize {
+                        let all = team.gather(rank * 1000 + round);
+                        assert_eq!(all, (0..4).map(|r| r * 1000 + round).collect::<Vec<_>>());
+                        let names = team.gather(format!("{rank}"));
+                        assert_eq!(names.concat(), "0123");
+                        team.barrier();
+                    }
+                });
+            }
+        });
+        assert_eq!(Solo.gather(7), vec![7]);
     }
 }

@@ -23,11 +23,28 @@ pub struct Nccl {
 }
 
 impl Nccl {
-    /// Loads NCCL. Call after NCCL_* environment settings are final.
+    /// Loads NCCL: `path`, else `libnccl.so.2` from the loader's path, else from the usual
+    /// install locations (system, CUDA, conda, the `nvidia-nccl` Python wheels). Call after the
+    /// NCCL_* environment settings are final.
     pub fn load(path: Option<&str>) -> Res<Nccl> {
-        let name = path.unwrap_or("libnccl.so.2");
-        // SAFETY: loading NCCL runs its initializers, which have no preconditions.
-        let lib = unsafe { Library::new(name) }.map_err(|e| format!("loading {name}: {e}"))?;
+        let candidates: Vec<String> = match path {
+            Some(p) => vec![p.to_string()],
+            None => std::iter::once("libnccl.so.2".to_string()).chain(search()).collect(),
+        };
+        let mut errors = Vec::new();
+        let mut found = None;
+        for name in &candidates {
+            // SAFETY: loading NCCL runs its initializers, which have no preconditions.
+            match unsafe { Library::new(name) } {
+                Ok(lib) => {
+                    found = Some((name.clone(), lib));
+                    break;
+                }
+                Err(e) => errors.push(format!("{name}: {e}")),
+            }
+        }
+        let (name, lib) = found.ok_or_else(|| format!("cannot load NCCL ({}); give one with --nccl-lib", errors.first().cloned().unwrap_or_default()))?;
+        let name = name.as_str();
         let lib: &'static Library = Box::leak(Box::new(lib));
         // SAFETY: the symbols have these C signatures in every NCCL 2.x.
         unsafe {
@@ -105,4 +122,36 @@ impl Nccl {
             format!("{}.{}.{}", v / 1000, v / 100 % 10, v % 100)
         }
     }
+}
+
+/// libnccl.so.2 in the usual install locations.
+fn search() -> Vec<String> {
+    let mut dirs: Vec<std::path::PathBuf> = [
+        "/usr/lib/x86_64-linux-gnu",
+        "/usr/lib/aarch64-linux-gnu",
+        "/usr/lib64",
+        "/usr/local/lib",
+        "/usr/local/cuda/lib64",
+        "/usr/local/nccl/lib",
+        "/opt/nccl/lib",
+    ]
+    .iter()
+    .map(Into::into)
+    .collect();
+    if let Ok(conda) = std::env::var("CONDA_PREFIX") {
+        dirs.push(std::path::Path::new(&conda).join("lib"));
+    }
+    // Python wheels: <prefix>/lib/python3.X/{site,dist}-packages/nvidia/nccl/lib.
+    let home = std::env::var("HOME").unwrap_or_default();
+    for prefix in ["/usr/lib", "/usr/local/lib", "/opt/conda/lib", &format!("{home}/.local/lib")] {
+        let Ok(entries) = std::fs::read_dir(prefix) else { continue };
+        for e in entries.flatten() {
+            if e.file_name().to_string_lossy().starts_with("python3") {
+                for pkgs in ["site-packages", "dist-packages"] {
+                    dirs.push(e.path().join(pkgs).join("nvidia/nccl/lib"));
+                }
+            }
+        }
+    }
+    dirs.into_iter().map(|d| d.join("libnccl.so.2")).filter(|p| p.is_file()).map(|p| p.display().to_string()).collect()
 }

@@ -106,6 +106,7 @@ fn panel(area: &DrawingArea<BitMapBackend, plotters::coord::Shift>, group: &[&Re
             .y_desc("µs per all-reduce (graph replay, median)")
             .x_labels(if span > 12 { span / 2 + 1 } else { span + 1 })
             .x_label_formatter(&|x| fmt_bytes_short(x.exp2()))
+            .y_labels(12)
             .y_label_formatter(&|y| if *y >= 10.0 { format!("{y:.0}") } else { format!("{y:.1}") })
             .label_style((FAMILY, 14))
             .axis_desc_style((FAMILY, 15));

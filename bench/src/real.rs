@@ -5,10 +5,10 @@
 //! runtime does). Each device captures its own graph; a batch starts on every device after a
 //! barrier and the batch's time is its slowest device's.
 
-use crate::case::{path_name, Case};
+use crate::case::{path_name, plain_call, Case};
 use crate::data::{self, dtype_name, trt_code, OutputCheck};
-use crate::gpu::{self, memset_async, Context, DevBuf, Res, Timer};
-use crate::measure::{self, Fatal, Meeting, Member, Runner, Sink, Team};
+use crate::gpu::{self, memset_async, Context, DevBuf, Gate, Res, Timer};
+use crate::measure::{self, Fatal, Gated, Meeting, Member, Runner, Sink, Team};
 use crate::nccl::Nccl;
 use crate::record::{Record, Status};
 use crate::stats::fmt_bytes;
@@ -17,7 +17,7 @@ use cudarc::driver::{CudaContext, CudaStream};
 use edgellm_allreduce::fields::PluginConfig;
 use edgellm_allreduce::kernels::Family;
 use edgellm_allreduce::plugin::PluginCore;
-use edgellm_allreduce::strategy::{self, Call, Capability, Path, Requested};
+use edgellm_allreduce::strategy::{self, Capability, Path, Requested};
 use edgellm_allreduce::tensor::DataType;
 use edgellm_allreduce::workspace::{self, Group};
 use edgellm_allreduce::{abi, TensorDesc};
@@ -48,6 +48,8 @@ struct Shared<'a> {
     registered: bool,
     sink: &'a Mutex<Sink>,
     label: String,
+    /// The start gate of the timed batches (None: ungated).
+    gate: Option<Gate>,
 }
 
 impl Shared<'_> {
@@ -61,7 +63,7 @@ impl Shared<'_> {
             Ok(_) => Ok((Launch::Nccl, "nccl")),
             Err(e) => Err(e.clone()),
         };
-        let call = Call { tp_size: self.nranks, dtype, bytes, aligned: true };
+        let call = plain_call(self.nranks, dtype, bytes);
         match case {
             Case::Nccl => nccl(),
             Case::Custom(f) => match &self.group {
@@ -167,6 +169,19 @@ fn worker(shared: &Shared, rank: usize) -> Result<(), Fatal> {
         return Err(Fatal(format!("setting up rank {r} (device {}): {e}", shared.devices[r])));
     }
     let (w, timer) = setup.expect("checked");
+    // Every device must be able to wait on the gate, or no device uses it.
+    let probed = shared.gate.as_ref().map(|g| g.probe(&w.stream));
+    let all: Vec<Option<Res<u64>>> = team.gather(probed.clone());
+    let gated = match (&shared.gate, probed) {
+        (Some(gate), Some(Ok(device_ptr))) if all.iter().all(|p| matches!(p, Some(Ok(_)))) => Some(Gated { gate, device_ptr }),
+        _ => {
+            if rank == 0 {
+                let why = all.iter().find_map(|p| p.as_ref().and_then(|r| r.as_ref().err().cloned())).unwrap_or_else(|| "no gate".into());
+                shared.sink.lock().unwrap().say(format!("warning: no start gate ({why}): batches start from a spinning barrier"));
+            }
+            None
+        }
+    };
     let message = |m: String| {
         if rank == 0 {
             shared.sink.lock().unwrap().message(m);
@@ -178,6 +193,9 @@ fn worker(shared: &Shared, rank: usize) -> Result<(), Fatal> {
             let count = bytes as usize / dtype.size();
             let label = format!("real {} ranks {} {}", shared.nranks, dtype_name(dtype), fmt_bytes(bytes));
             message(format!("{label}: data"));
+            if rank == 0 {
+                shared.sink.lock().unwrap().step(label.clone());
+            }
             if rank == 0 {
                 *shared.reference.write().unwrap() = vec![0f64; count];
             }
@@ -206,7 +224,7 @@ fn worker(shared: &Shared, rank: usize) -> Result<(), Fatal> {
                     Ok((launch, path)) => {
                         message(format!("{label} {}", case.name()));
                         let runner = RealRun { w: &w, launch, dtype, count, reference: &reference };
-                        let m = measure::measure(&runner, &team, &timer, s, dtype)?;
+                        let m = measure::measure(&runner, &team, &timer, s, gated, dtype)?;
                         if rank == 0 {
                             r.path = path.into();
                             m.fill(&mut r, s, None);
@@ -221,7 +239,9 @@ fn worker(shared: &Shared, rank: usize) -> Result<(), Fatal> {
 
     // Teardown: the plugin's registrations first (its group goes), then the communicators,
     // each destroyed by its own device's thread.
-    w.stream.synchronize().ctx("synchronize").map_err(Fatal)?;
+    if let Err(e) = w.stream.synchronize() {
+        shared.sink.lock().unwrap().say(format!("warning: rank {rank}: synchronize: {e:?}"));
+    }
     team.barrier();
     if rank == 0 && shared.registered {
         if let Ok(comms) = &shared.comms {
@@ -233,7 +253,7 @@ fn worker(shared: &Shared, rank: usize) -> Result<(), Fatal> {
     team.barrier();
     if let (Ok(comms), Some(nccl)) = (&shared.comms, shared.nccl) {
         if let Err(e) = nccl.destroy(comms[rank]) {
-            shared.sink.lock().unwrap().bar.println(format!("warning: rank {rank}: {e}"));
+            shared.sink.lock().unwrap().say(format!("warning: rank {rank}: {e}"));
         }
     }
     team.barrier();
@@ -242,12 +262,12 @@ fn worker(shared: &Shared, rank: usize) -> Result<(), Fatal> {
 
 pub fn run(plan: &Plan, nccl: Option<&Nccl>, nccl_note: &str, sink: &Mutex<Sink>) -> Result<(), Fatal> {
     let available = gpu::device_count();
-    let say = |m: String| sink.lock().unwrap().bar.println(m);
+    let say = |m: String| sink.lock().unwrap().say(m);
     for &n in &plan.ranks {
         if n < 2 || n > available {
             let e = format!("real mode with {n} ranks needs {n} GPUs (2 or more); this machine has {available}");
             let mut sink = sink.lock().unwrap();
-            sink.bar.println(format!("skipped: {e}"));
+            sink.say(format!("skipped: {e}"));
             for dtype in &plan.dtypes {
                 for &bytes in &plan.sizes {
                     for case in &plan.cases {
@@ -263,17 +283,29 @@ pub fn run(plan: &Plan, nccl: Option<&Nccl>, nccl_note: &str, sink: &Mutex<Sink>
         let devices: Vec<i32> = (0..n).collect();
         sink.lock().unwrap().message(format!("real {n} ranks: setting up"));
         let ctxs = devices.iter().map(|&d| gpu::context(d as usize)).collect::<Res<Vec<_>>>().map_err(Fatal)?;
-        let ws = plan.workspace_bytes.unwrap_or_else(|| workspace::max_message_bytes(n));
+        // Rounded as the library rounds EDGELLM_ALLREDUCE_WORKSPACE_BYTES (which main sets too,
+        // so the plugin's group gets the same workspace).
+        let ws = plan.workspace_bytes.map_or_else(|| workspace::max_message_bytes(n), |b| b.div_ceil(16) * 16);
         let group = Group::in_process(&devices, ws).map_err(|e| format!("no custom group: {e}"));
         let comms = match nccl {
             Some(nccl) => nccl.init_all(&devices),
             None => Err(format!("no NCCL ({nccl_note})")),
         };
+        // What a runtime does after ncclCommInitAll: one registration per device; the plugin
+        // library forms its own custom group when the last rank is registered.
         let mut registered = false;
         if let (Ok(comms), Some(nccl)) = (&comms, nccl) {
-            registered = devices.iter().zip(comms).all(|(&d, &c)| {
-                abi::edgellmRegisterNcclCommForAllReducePlugin(d, c as *mut c_void, nccl.all_reduce_address() as *mut c_void)
-            });
+            let ok: Vec<bool> = devices
+                .iter()
+                .zip(comms)
+                .map(|(&d, &c)| abi::edgellmRegisterNcclCommForAllReducePlugin(d, c as *mut c_void, nccl.all_reduce_address() as *mut c_void))
+                .collect();
+            registered = ok.iter().all(|&x| x);
+            if !registered {
+                for ((&d, &c), _) in devices.iter().zip(comms).zip(&ok).filter(|(_, &k)| k) {
+                    abi::edgellmUnregisterNcclCommForAllReducePlugin(d, c as *mut c_void);
+                }
+            }
         }
         let plugin_ranks = if registered { abi::edgellmAllReduceCustomRanks(devices[0]) } else { 0 };
         let names: Vec<String> = ctxs.iter().map(|c| gpu::device_name(c)).collect();
@@ -297,7 +329,10 @@ pub fn run(plan: &Plan, nccl: Option<&Nccl>, nccl_note: &str, sink: &Mutex<Sink>
                 "registered, but no custom group formed: the plugin runs NCCL".to_string()
             }
         ));
+        // Pinned, portable: every device's stream waits on the same word.
+        let gate = Gate::new().map_err(|e| say(format!("warning: no start gate: {e}"))).ok();
         let shared = Shared {
+            gate,
             plan,
             nranks: n,
             devices: devices.clone(),

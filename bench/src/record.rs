@@ -369,8 +369,18 @@ pub fn table(records: &[Record]) -> String {
             let _ = writeln!(out, "  {} {} at {}: {}", r.strategy, r.status.name(), fmt_bytes(r.bytes), r.note);
         }
     }
+    if !records.is_empty() {
+        out.push_str(LEGEND);
+    }
     out
 }
+
+const LEGEND: &str = "
+µs per all-reduce, median of the graph-replay batches. auto/plugin: + the path taken (L lamport, 1s oneshot,
+2s twoshot, N nccl). -: not applicable (the CSV's note says why). best: the fastest of nccl/oneshot/twoshot/lamport;
+busbw = S/t·2(N-1)/N of the best; roof% (sim): (N+1)·S/t of the best over the copy roofline; auto/best: AUTO's time
+over the best's. p10/p90, eager times and bandwidths of every row are in the CSV.
+";
 
 #[cfg(test)]
 mod tests {

@@ -6,16 +6,16 @@
 //! place of the kernels: the cost of the method itself. `copy` is the roofline: a large
 //! device-to-device copy, counting bytes read plus written.
 
-use crate::case::{path_name, Case};
+use crate::case::{path_name, plain_call, Case};
 use crate::data::{self, dtype_name, OutputCheck};
-use crate::gpu::{self, capture, memset_async, watchdog, Context, DevBuf, Res, Timer};
-use crate::measure::{self, Fatal, Measured, Runner, Settings, Sink, Solo};
+use crate::gpu::{self, capture, memset_async, watchdog, Context, DevBuf, Gate, Res, Timer, GATE_MAX_CALLS};
+use crate::measure::{self, Fatal, Gated, Measured, Runner, Settings, Sink, Solo};
 use crate::record::{Record, Status, COPY, FLOOR};
 use crate::stats::{self, fmt_bytes};
 use crate::Plan;
 use cudarc::driver::{sys, CudaContext, CudaEvent, CudaStream};
 use edgellm_allreduce::kernels::Family;
-use edgellm_allreduce::strategy::{self, Call, Path, Requested};
+use edgellm_allreduce::strategy::{self, Path, Requested};
 use edgellm_allreduce::tensor::DataType;
 use edgellm_allreduce::workspace::{self, Group};
 use std::sync::{Arc, Mutex};
@@ -99,15 +99,21 @@ impl Runner for SimRun<'_> {
     }
 }
 
-/// Times `launch` alone (one thread, no checks): the per-call µs summary.
-fn time_alone(stream: &CudaStream, timer: &Timer, s: &Settings, launch: &dyn Fn() -> Res<()>) -> Res<stats::Summary> {
+/// Times `launch` alone (one thread, no checks), gated as the rows are: the per-call µs summary.
+fn time_alone(stream: &CudaStream, timer: &Timer, s: &Settings, gate: Option<Gated>, launch: &dyn Fn() -> Res<()>) -> Res<stats::Summary> {
+    let gate = gate.filter(|_| s.replays <= GATE_MAX_CALLS);
     let mut times = Vec::new();
     for b in 0..s.warmup + s.batches {
         let (start, stop) = timer.events();
-        start.record(stream).ctx("cuEventRecord")?;
-        for _ in 0..s.replays {
-            launch()?;
+        let value = gate.map(|g| g.gate.next());
+        if let (Some(g), Some(v)) = (gate, value) {
+            Gate::wait(g.device_ptr, v, stream)?;
         }
+        let enqueued = start.record(stream).ctx("cuEventRecord").and_then(|_| (0..s.replays).try_for_each(|_| launch()));
+        if let (Some(g), Some(v)) = (gate, value) {
+            g.gate.open(v);
+        }
+        enqueued?;
         stop.record(stream).ctx("cuEventRecord")?;
         let us = timer.wait_per_call_us(s.replays)?;
         if b >= s.warmup {
@@ -119,7 +125,7 @@ fn time_alone(stream: &CudaStream, timer: &Timer, s: &Settings, launch: &dyn Fn(
 }
 
 /// The copy roofline: bytes of a large device-to-device copy (read + written) per second.
-fn roofline(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, timer: &Timer, s: &Settings) -> Res<(u64, stats::Summary, f64)> {
+fn roofline(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, timer: &Timer, s: &Settings, gate: Option<Gated>) -> Res<(u64, stats::Summary, f64)> {
     let (free, _) = ctx.mem_get_info().ctx("cuMemGetInfo")?;
     let bytes = (256usize << 20).min(free / 8).max(1 << 20);
     let (src, dst) = (DevBuf::new(ctx, bytes)?, DevBuf::new(ctx, bytes)?);
@@ -130,7 +136,7 @@ fn roofline(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, timer: &Timer, s: 
     };
     let graph = capture(stream, copy)?;
     let settings = Settings { replays: s.replays.min(20), ..*s };
-    let t = time_alone(stream, timer, &settings, &|| graph.launch().ctx("cuGraphLaunch"))?;
+    let t = time_alone(stream, timer, &settings, gate, &|| graph.launch().ctx("cuGraphLaunch"))?;
     stream.synchronize().ctx("synchronize")?;
     Ok((bytes as u64, t, 2.0 * bytes as f64 / (t.median * 1e-6) / 1e9))
 }
@@ -152,7 +158,7 @@ fn plan(case: Case, group: &Group, dtype: DataType, bytes: u64) -> Step {
     match case {
         Case::Custom(f) => serve(f),
         Case::Auto => {
-            let call = Call { tp_size: group.nranks, dtype, bytes, aligned: true };
+            let call = plain_call(group.nranks, dtype, bytes);
             match strategy::choose(Requested::Auto, &call, Some(group as &dyn strategy::Capability)).path {
                 Path::Custom(f) => Step::Run(f),
                 p => Step::Skip(format!("AUTO picks {} here (no NCCL in simulation)", path_name(p))),
@@ -169,13 +175,19 @@ pub fn run(plan_: &Plan, sink: &Mutex<Sink>) -> Result<(), Fatal> {
     let device = format!("GPU {} {}", plan_.device, gpu::device_name(&ctx));
     let origin = ctx.new_stream().ctx("cuStreamCreate").map_err(fatal)?;
     let timer = Timer::new(&ctx).map_err(fatal)?;
+    let gate = Gate::new().and_then(|g| g.probe(&origin).map(|d| (g, d)));
+    if let Err(e) = &gate {
+        sink.lock().unwrap().say(format!("warning: no start gate ({e}): batches run ungated, small sizes may be bound by the host's launch rate"));
+    }
+    let gated = gate.as_ref().ok().map(|(g, d)| Gated { gate: g, device_ptr: *d });
     sink.lock().unwrap().message("copy roofline".into());
-    let (copy_bytes, copy_t, roof) = roofline(&ctx, &origin, &timer, s).map_err(fatal)?;
-    sink.lock().unwrap().bar.println(format!("{device}: copy roofline {roof:.0} GB/s (read + write of {})", fmt_bytes(copy_bytes)));
+    let (copy_bytes, copy_t, roof) = roofline(&ctx, &origin, &timer, s, gated).map_err(fatal)?;
+    sink.lock().unwrap().say(format!("{device}: copy roofline {roof:.0} GB/s (read + write of {})", fmt_bytes(copy_bytes)));
     let buf_bytes = *plan_.sizes.iter().max().unwrap_or(&1) as usize;
 
     for &n in &plan_.ranks {
-        let ws = plan_.workspace_bytes.unwrap_or_else(|| workspace::max_message_bytes(n));
+        // Rounded as the library rounds EDGELLM_ALLREDUCE_WORKSPACE_BYTES.
+        let ws = plan_.workspace_bytes.map_or_else(|| workspace::max_message_bytes(n), |b| b.div_ceil(16) * 16);
         sink.lock().unwrap().message(format!("sim {n} ranks: setting up"));
         let sim = match Sim::new(&ctx, &origin, plan_.device, n, ws, buf_bytes) {
             Ok(sim) => sim,
@@ -199,7 +211,7 @@ pub fn run(plan_: &Plan, sink: &Mutex<Sink>) -> Result<(), Fatal> {
         sink.lock().unwrap().message(format!("sim {n} ranks: floor"));
         let floor = (|| {
             let graph = capture(&origin, || sim.fork_join(|rank, st| memset_async(sim.outputs[rank].ptr, 0, 1, st)))?;
-            time_alone(&origin, &timer, s, &|| graph.launch().ctx("cuGraphLaunch"))
+            time_alone(&origin, &timer, s, gated, &|| graph.launch().ctx("cuGraphLaunch"))
         })();
         for dtype in &plan_.dtypes {
             let mut sink = sink.lock().unwrap();
@@ -230,6 +242,7 @@ pub fn run(plan_: &Plan, sink: &Mutex<Sink>) -> Result<(), Fatal> {
                 let count = bytes as usize / dtype.size();
                 let label = format!("sim {n} ranks {} {}", dtype_name(dtype), fmt_bytes(bytes));
                 sink.lock().unwrap().message(format!("{label}: data"));
+                sink.lock().unwrap().step(label.clone());
                 let mut reference = vec![0f64; count];
                 for (rank, input) in sim.inputs.iter().enumerate() {
                     let bytes_ = data::generate(count, dtype, data::seed(n, bytes, rank), Some(&mut reference));
@@ -246,7 +259,7 @@ pub fn run(plan_: &Plan, sink: &Mutex<Sink>) -> Result<(), Fatal> {
                             sink.lock().unwrap().message(format!("{label} {}", case.name()));
                             r.path = Case::Custom(family).name().into();
                             let runner = SimRun { sim: &sim, family, dtype, count, reference: &reference };
-                            let m: Measured = measure::measure(&runner, &Solo, &timer, s, dtype)?;
+                            let m: Measured = measure::measure(&runner, &Solo, &timer, s, gated, dtype)?;
                             m.fill(&mut r, s, Some(roof));
                             sink.lock().unwrap().push(r, true);
                         }

@@ -53,7 +53,7 @@ pub fn sizes(min: u64, max: u64, elem: u64, quick: bool) -> Vec<u64> {
     let mut out = Vec::new();
     let mut s = min.max(elem).max(1).next_power_of_two();
     while s <= max {
-        if s % elem == 0 {
+        if s.is_multiple_of(elem) {
             out.push(s);
         }
         s = match s.checked_mul(2) {
@@ -96,7 +96,7 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
 pub fn fmt_bytes(b: u64) -> String {
     for (unit, shift) in [("GiB", 30), ("MiB", 20), ("KiB", 10)] {
         if b >= 1 << shift {
-            return if b % (1 << shift) == 0 {
+            return if b.is_multiple_of(1 << shift) {
                 format!("{} {unit}", b >> shift)
             } else {
                 format!("{:.1} {unit}", b as f64 / (1u64 << shift) as f64)
