@@ -14,6 +14,11 @@ if [ "$gpus" -ge 2 ] && [ "${REAL:-1}" = 1 ]; then
   timeout "${REAL_LIMIT:-280}" $B --mode real --nccl-lib "$nccl" ${REAL_ARGS:-} --csv "$OUT/real.csv" --plot "$OUT/real.png" \
     >"$OUT/real.txt" 2>"$OUT/real.err"; echo "rc=$?"; cat "$OUT/real.txt"; tail -5 "$OUT/real.err"
 fi
+if [ -n "${ABLATE_ARGS:-}" ] && [ "$gpus" -ge 2 ]; then
+  echo "== ablation: EDGELLM_ALLREDUCE_PDL=0 $ABLATE_ARGS"
+  EDGELLM_ALLREDUCE_PDL=0 timeout 150 $B --mode real --nccl-lib "$nccl" $ABLATE_ARGS --csv "$OUT/real_nopdl.csv" \
+    >"$OUT/real_nopdl.txt" 2>&1; echo "rc=$?"; grep -A12 "size " "$OUT/real_nopdl.txt" | head -14
+fi
 if [ "${SIM:-1}" = 1 ]; then
   echo "== bench sim ${SIM_ARGS:-}"
   timeout "${SIM_LIMIT:-280}" $B --mode sim ${SIM_ARGS:-} --csv "$OUT/sim.csv" --plot "$OUT/sim.png" \
