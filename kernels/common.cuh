@@ -312,21 +312,22 @@ __device__ __forceinline__ CallCounters read_state(const EarAllReduceParams& p) 
 
 // End of a call: the last CTA to arrive advances the counters (update(State*)), then every
 // CTA triggers the dependent launch. Every CTA read the state (read_state) before it
-// arrives, so the update cannot be seen by a CTA of this call. The trigger comes after the
-// outputs and the state are written; the next kernel still reads the state only after
-// griddepcontrol.wait (full completion of this grid).
+// arrives: the value went through shared memory and a __syncthreads, so those loads are
+// complete and the update cannot be seen by a CTA of this call. No fence is needed (and a
+// fence after the NVLink stores of the call would wait a round trip for them): the next call
+// on this state block comes later in the same stream, and reads the state only after
+// griddepcontrol.wait or the kernel boundary, i.e. after this grid completed and its writes
+// are visible. The trigger comes after the outputs and the state are written.
 template <typename F>
 __device__ __forceinline__ void finish_call(const EarAllReduceParams& p, F update) {
   __syncthreads();
   if (threadIdx.x == 0) {
     State* st = static_cast<State*>(p.state);
-    __threadfence();
-    const uint32_t prev = atomicAdd(&st->arrive, 1u);
-    if (prev == gridDim.x - 1) {
-      __threadfence();
+    if (gridDim.x == 1) {
+      update(st);  // one CTA: nothing to count
+    } else if (atomicAdd(&st->arrive, 1u) == gridDim.x - 1) {
       update(st);
       st->arrive = 0;
-      __threadfence();
     }
   }
   __syncthreads();

@@ -61,18 +61,30 @@ pub fn requested(config: &PluginConfig) -> Requested {
 }
 
 /// AUTO's choice by rank count (first row whose bound is >= the group's ranks) and message size
-/// (first entry whose bound is >= the bytes). Provisional: chosen from the one-GPU simulation
-/// (docs/runs/2026-11-29-h200-sim-kernels.log) and the published crossovers (vLLM: one-shot up to
-/// 512 KB at 4 ranks, 256 KB at 8); recalibrated from the benchmark on real GPUs in docs/PERFORMANCE.md.
-pub const AUTO_TABLE: &[(i32, &[(u64, Family)])] = &[
-    (2, &[(256 << 10, Family::Lamport), (1 << 20, Family::OneShot), (u64::MAX, Family::TwoShot)]),
-    (4, &[(128 << 10, Family::Lamport), (512 << 10, Family::OneShot), (u64::MAX, Family::TwoShot)]),
-    (16, &[(64 << 10, Family::Lamport), (256 << 10, Family::OneShot), (u64::MAX, Family::TwoShot)]),
+/// (first entry whose bound is >= the bytes); `None` is NCCL.
+///
+/// 2 ranks: measured on 2 x H200 (NV18), bf16, graph replay (docs/PERFORMANCE.md,
+/// docs/runs/2026-11-29-2xh200-bench-real.txt): Lamport is the fastest family up to its 2 MiB
+/// cap (7.9 us at 512 KiB against 9.9 one-shot; 14.7 at 2 MiB against 16.1 two-shot), two-shot
+/// from 4 to 16 MiB (39.5 us at 8 MiB against NCCL's 49.4), NCCL above (139 at 32 MiB against
+/// two-shot's 146). 4 and more ranks: provisional, from the one-GPU simulation (Lamport best up
+/// to 512 KiB at 4 ranks, 128 KiB at 8) and published crossovers (vLLM: one-shot up to 512 KB
+/// at 4 ranks, 256 KB at 8), not yet measured on 4 or 8 real GPUs.
+pub const AUTO_TABLE: &[(i32, &[(u64, Option<Family>)])] = &[
+    (2, &[(2 << 20, Some(Family::Lamport)), (16 << 20, Some(Family::TwoShot)), (u64::MAX, None)]),
+    (
+        4,
+        &[(256 << 10, Some(Family::Lamport)), (1 << 20, Some(Family::OneShot)), (8 << 20, Some(Family::TwoShot)), (u64::MAX, None)],
+    ),
+    (
+        16,
+        &[(64 << 10, Some(Family::Lamport)), (256 << 10, Some(Family::OneShot)), (8 << 20, Some(Family::TwoShot)), (u64::MAX, None)],
+    ),
 ];
 
-fn auto_family(nranks: i32, bytes: u64) -> Family {
+fn auto_family(nranks: i32, bytes: u64) -> Option<Family> {
     let row = AUTO_TABLE.iter().find(|(n, _)| nranks <= *n).unwrap_or(&AUTO_TABLE[AUTO_TABLE.len() - 1]).1;
-    row.iter().find(|(b, _)| bytes <= *b).map(|(_, f)| *f).unwrap_or(Family::TwoShot)
+    row.iter().find(|(b, _)| bytes <= *b).and_then(|(_, f)| *f)
 }
 
 /// What the custom kernels can do for this call (implemented by `workspace::Group`).
@@ -160,7 +172,14 @@ pub fn choose(requested: Requested, call: &Call, group: Option<&dyn Capability>)
     if !call.aligned {
         return decide(Path::Nccl, Some(Fallback::Unaligned));
     }
-    let first = if requested == Requested::Auto { auto_family(group.nranks(), call.message.bytes) } else { families[0] };
+    let first = if requested == Requested::Auto {
+        match auto_family(group.nranks(), call.message.bytes) {
+            Some(f) => f,
+            None => return decide(Path::Nccl, None),
+        }
+    } else {
+        families[0]
+    };
     let start = families.iter().position(|f| *f == first).unwrap_or(0);
     match families[start..].iter().find(|f| group.serves(**f, call.dtype, &call.message)) {
         Some(f) => decide(Path::Custom(*f), None),
@@ -202,12 +221,17 @@ mod tests {
     fn auto_follows_the_table_then_nccl_above_the_workspace() {
         let at = |g: &Fake, b| choose(Requested::Auto, &call(g.nranks, b), Some(g)).path;
         assert_eq!(at(&GROUP2, 8 << 10), Path::Custom(Family::Lamport));
-        assert_eq!(at(&GROUP2, 1 << 20), Path::Custom(Family::OneShot));
+        assert_eq!(at(&GROUP2, 1 << 20), Path::Custom(Family::Lamport));
         assert_eq!(at(&GROUP2, 8 << 20), Path::Custom(Family::TwoShot));
+        assert_eq!(at(&GROUP2, 15 << 20), Path::Custom(Family::TwoShot));
         assert_eq!(at(&GROUP2, 64 << 20), Path::Nccl, "over the workspace");
+        let huge = Fake { nranks: 2, max_bytes: 1 << 30 };
+        assert_eq!(at(&huge, 32 << 20), Path::Nccl, "NCCL is faster there even when the workspace holds it");
         assert_eq!(at(&GROUP8, 32 << 10), Path::Custom(Family::Lamport));
         assert_eq!(at(&GROUP8, 128 << 10), Path::Custom(Family::OneShot));
         assert_eq!(at(&GROUP8, 4 << 20), Path::Custom(Family::TwoShot));
+        let d = choose(Requested::Auto, &call(2, 32 << 20), Some(&Fake { nranks: 2, max_bytes: 1 << 30 }));
+        assert_eq!((d.path, d.fallback), (Path::Nccl, None));
         let d = choose(Requested::Auto, &call(2, 64 << 20), Some(&GROUP2));
         assert_eq!(d.fallback, None, "NCCL above the workspace is AUTO's choice, not a fallback");
     }
@@ -215,7 +239,7 @@ mod tests {
     #[test]
     fn auto_moves_to_a_larger_family_when_lamport_cannot_serve() {
         let tiny = Fake { nranks: 2, max_bytes: 64 << 10 };
-        // The table says Lamport up to 256 KB; this workspace holds 64 KB: one-shot can't either.
+        // The table says Lamport up to 2 MiB; this workspace holds 64 KB: no family can.
         assert_eq!(choose(Requested::Auto, &call(2, 128 << 10), Some(&tiny)).path, Path::Nccl);
         assert_eq!(choose(Requested::Auto, &call(2, 32 << 10), Some(&tiny)).path, Path::Custom(Family::Lamport));
     }
