@@ -82,9 +82,25 @@ pub const AUTO_TABLE: &[(i32, &[(u64, Option<Family>)])] = &[
     ),
 ];
 
-fn auto_family(nranks: i32, bytes: u64) -> Option<Family> {
-    let row = AUTO_TABLE.iter().find(|(n, _)| nranks <= *n).unwrap_or(&AUTO_TABLE[AUTO_TABLE.len() - 1]).1;
-    row.iter().find(|(b, _)| bytes <= *b).and_then(|(_, f)| *f)
+/// AUTO's table for the fused all-reduce + residual + RMSNorm, by the same keys. From the
+/// one-GPU simulation of the fused kernels (docs/PERFORMANCE.md): the fused Lamport kernel runs
+/// one CTA per token row, so it wins only for few, short rows at 4 ranks and more (8 KiB), and
+/// up to 512 KiB at 2 ranks; the fused one-shot wins the other decode shapes.
+pub const FUSED_AUTO_TABLE: &[(i32, &[(u64, Option<Family>)])] = &[
+    (
+        2,
+        &[(512 << 10, Some(Family::Lamport)), (2 << 20, Some(Family::OneShot)), (16 << 20, Some(Family::TwoShot)), (u64::MAX, None)],
+    ),
+    (
+        16,
+        &[(8 << 10, Some(Family::Lamport)), (2 << 20, Some(Family::OneShot)), (8 << 20, Some(Family::TwoShot)), (u64::MAX, None)],
+    ),
+];
+
+fn auto_family(nranks: i32, message: &Message) -> Option<Family> {
+    let table = if message.rows.is_some() { FUSED_AUTO_TABLE } else { AUTO_TABLE };
+    let row = table.iter().find(|(n, _)| nranks <= *n).unwrap_or(&table[table.len() - 1]).1;
+    row.iter().find(|(b, _)| message.bytes <= *b).and_then(|(_, f)| *f)
 }
 
 /// What the custom kernels can do for this call (implemented by `workspace::Group`).
@@ -173,7 +189,7 @@ pub fn choose(requested: Requested, call: &Call, group: Option<&dyn Capability>)
         return decide(Path::Nccl, Some(Fallback::Unaligned));
     }
     let first = if requested == Requested::Auto {
-        match auto_family(group.nranks(), call.message.bytes) {
+        match auto_family(group.nranks(), &call.message) {
             Some(f) => f,
             None => return decide(Path::Nccl, None),
         }
@@ -234,6 +250,21 @@ mod tests {
         assert_eq!((d.path, d.fallback), (Path::Nccl, None));
         let d = choose(Requested::Auto, &call(2, 64 << 20), Some(&GROUP2));
         assert_eq!(d.fallback, None, "NCCL above the workspace is AUTO's choice, not a fallback");
+    }
+
+    #[test]
+    fn fused_calls_use_the_fused_table() {
+        let fused = |tp, tokens: u64, hidden: u32| Call {
+            tp_size: tp,
+            dtype: DataType::Bf16,
+            message: Message { bytes: tokens * hidden as u64 * 2, rows: Some((tokens, hidden)) },
+            aligned: true,
+        };
+        assert_eq!(choose(Requested::Auto, &fused(2, 1, 4096), Some(&GROUP2)).path, Path::Custom(Family::Lamport));
+        assert_eq!(choose(Requested::Auto, &fused(2, 128, 8192), Some(&GROUP2)).path, Path::Custom(Family::OneShot));
+        assert_eq!(choose(Requested::Auto, &fused(8, 1, 4096), Some(&GROUP8)).path, Path::Custom(Family::Lamport));
+        assert_eq!(choose(Requested::Auto, &fused(8, 1, 8192), Some(&GROUP8)).path, Path::Custom(Family::OneShot));
+        assert_eq!(choose(Requested::Auto, &fused(8, 1024, 8192), Some(&GROUP8)).path, Path::Nccl, "16 MiB");
     }
 
     #[test]
