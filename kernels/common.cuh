@@ -202,22 +202,41 @@ __device__ __forceinline__ uint64_t vec_count(uint64_t count) {
   return (count + Elem<T>::E - 1) / Elem<T>::E;
 }
 
+// The first `valid` elements (fewer than a vector's, or none) of a partial vector, moved one
+// by one, +0 bits after them: tails of a message, and rows that are not 16-byte aligned.
+template <typename T>
+__device__ __forceinline__ uint4 load_elems(const typename Elem<T>::Bits* src, uint64_t valid) {
+  constexpr int E = Elem<T>::E;
+  union {
+    uint4 v;
+    typename Elem<T>::Bits b[E];
+  } u;
+  u.v = make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+  for (int e = 0; e < E; ++e)
+    if (e < valid) u.b[e] = src[e];
+  return u.v;
+}
+template <typename T>
+__device__ __forceinline__ void store_elems(typename Elem<T>::Bits* dst, uint64_t valid, uint4 v) {
+  constexpr int E = Elem<T>::E;
+  union {
+    uint4 v;
+    typename Elem<T>::Bits b[E];
+  } u;
+  u.v = v;
+#pragma unroll
+  for (int e = 0; e < E; ++e)
+    if (e < valid) dst[e] = u.b[e];
+}
+
 template <typename T>
 __device__ __forceinline__ uint4 load_input(const void* in, uint64_t vi, uint64_t count) {
   constexpr int E = Elem<T>::E;
   using B = typename Elem<T>::Bits;
   const uint64_t first = vi * E;
   if (first + E <= count) return ld_plain(static_cast<const char*>(in) + vi * 16);
-  union {
-    uint4 v;
-    B b[E];
-  } u;
-  u.v = make_uint4(0u, 0u, 0u, 0u);
-  const B* src = static_cast<const B*>(in) + first;
-#pragma unroll
-  for (int e = 0; e < E; ++e)
-    if (first + e < count) u.b[e] = src[e];
-  return u.v;
+  return load_elems<T>(static_cast<const B*>(in) + first, first < count ? count - first : 0);
 }
 
 template <typename T>
@@ -229,15 +248,7 @@ __device__ __forceinline__ void store_output(void* out, uint64_t vi, uint64_t co
     *reinterpret_cast<uint4*>(static_cast<char*>(out) + vi * 16) = v;
     return;
   }
-  union {
-    uint4 v;
-    B b[E];
-  } u;
-  u.v = v;
-  B* dst = static_cast<B*>(out) + first;
-#pragma unroll
-  for (int e = 0; e < E; ++e)
-    if (first + e < count) dst[e] = u.b[e];
+  store_elems<T>(static_cast<B*>(out) + first, first < count ? count - first : 0, v);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -391,16 +402,7 @@ __device__ __forceinline__ uint4 load_row_chunk(const void* base, uint64_t row, 
   const uint32_t first = k * E;
   const uint64_t at = row * hidden + first;
   if (vec_ok && first + E <= hidden) return ld_plain(static_cast<const B*>(base) + at);
-  union {
-    uint4 v;
-    B b[E];
-  } u;
-  u.v = make_uint4(0u, 0u, 0u, 0u);
-  const B* src = static_cast<const B*>(base) + at;
-#pragma unroll
-  for (int e = 0; e < E; ++e)
-    if (first + e < hidden) u.b[e] = src[e];
-  return u.v;
+  return load_elems<T>(static_cast<const B*>(base) + at, first < hidden ? hidden - first : 0u);
 }
 
 template <typename T>
@@ -414,15 +416,7 @@ __device__ __forceinline__ void store_row_chunk(void* base, uint64_t row, uint32
     *reinterpret_cast<uint4*>(static_cast<B*>(base) + at) = v;
     return;
   }
-  union {
-    uint4 v;
-    B b[E];
-  } u;
-  u.v = v;
-  B* dst = static_cast<B*>(base) + at;
-#pragma unroll
-  for (int e = 0; e < E; ++e)
-    if (first + e < hidden) dst[e] = u.b[e];
+  store_elems<T>(static_cast<B*>(base) + at, first < hidden ? hidden - first : 0u, v);
 }
 
 // Sum of `v` over the CTA (blockDim.x a multiple of 32, <= EAR_FUSED_MAX_THREADS), the same
