@@ -15,9 +15,17 @@ if [ "$gpus" -ge 2 ] && [ "${REAL:-1}" = 1 ]; then
     >"$OUT/real.txt" 2>"$OUT/real.err"; echo "rc=$?"; cat "$OUT/real.txt"; tail -5 "$OUT/real.err"
 fi
 if [ -n "${ABLATE_ARGS:-}" ] && [ "$gpus" -ge 2 ]; then
-  echo "== ablation: EDGELLM_ALLREDUCE_PDL=0 $ABLATE_ARGS"
-  EDGELLM_ALLREDUCE_PDL=0 timeout 150 $B --mode real --nccl-lib "$nccl" $ABLATE_ARGS --csv "$OUT/real_nopdl.csv" \
-    >"$OUT/real_nopdl.txt" 2>&1; echo "rc=$?"; grep -A12 "size " "$OUT/real_nopdl.txt" | head -14
+  ablate_env=${ABLATE_ENV:-EDGELLM_ALLREDUCE_PDL=0}
+  echo "== ablation: $ablate_env $ABLATE_ARGS"
+  env $ablate_env timeout 150 $B --mode real --nccl-lib "$nccl" $ABLATE_ARGS --csv "$OUT/real_ablation.csv" \
+    >"$OUT/real_ablation.txt" 2>&1; echo "rc=$?"; grep -A12 "size " "$OUT/real_ablation.txt" | head -14
+fi
+if [ -n "${FUSED_ARGS:-}" ]; then
+  for mode in ${FUSED_MODES:-real sim}; do
+    echo "== fused $mode $FUSED_ARGS"
+    timeout 200 $B --mode "$mode" --nccl-lib "$nccl" $FUSED_ARGS --csv "$OUT/fused_$mode.csv" --no-plot \
+      >"$OUT/fused_$mode.txt" 2>"$OUT/fused_$mode.err"; echo "rc=$?"; cat "$OUT/fused_$mode.txt"; tail -3 "$OUT/fused_$mode.err"
+  done
 fi
 if [ "${SIM:-1}" = 1 ]; then
   echo "== bench sim ${SIM_ARGS:-}"
