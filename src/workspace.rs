@@ -409,6 +409,17 @@ impl Record {
     }
 }
 
+/// Whether every rank can join: each record valid and ready, in rank order, with this rank's
+/// rank count, workspace size and host. Every rank evaluates the same records, so all agree.
+fn agree(records: &[Option<Record>], mine: &Record) -> bool {
+    records.len() == mine.nranks as usize
+        && records.iter().enumerate().all(|(r, rec)| {
+            rec.as_ref().is_some_and(|rec| {
+                rec.ok && rec.nranks == mine.nranks && rec.rank == r as i32 && rec.max_bytes == mine.max_bytes && rec.host == mine.host
+            })
+        })
+}
+
 /// FNV-1a of the host name: ranks on different hosts never form a group (multi-node: NCCL).
 fn host_id() -> u64 {
     let mut name = [0u8; 256];
@@ -444,12 +455,7 @@ pub fn exchange(device: i32, registration: &Registration, info: CommInfo) -> Res
         let mut mapped_all = false;
         if let (Ok(all), Some(m)) = (&gathered, &member) {
             let records: Vec<Option<Record>> = all.chunks_exact(RECORD_BYTES).map(Record::decode).collect();
-            let agree = records.iter().enumerate().all(|(r, rec)| {
-                rec.as_ref().is_some_and(|rec| {
-                    rec.ok && rec.nranks == info.nranks && rec.rank == r as i32 && rec.max_bytes == max_bytes && rec.host == mine.host
-                })
-            });
-            if agree {
+            if agree(&records, &mine) {
                 mapped_all = true;
                 for (r, rec) in records.iter().flatten().enumerate() {
                     if r as i32 == info.rank {
@@ -493,5 +499,55 @@ pub fn install_exchanged(device: i32, registration: &Registration, info: CommInf
             groups().get_or_insert_with(HashMap::new).insert(device, (Arc::new(group), info.rank));
         }
         Err(e) => crate::log::warning(&format!("device {device}: custom all-reduce unavailable: {e}; the NCCL path only")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(rank: i32) -> Record {
+        Record { ok: true, nranks: 2, rank, max_bytes: 16_000_000, host: host_id(), handle: [rank as u8; 64] }
+    }
+    fn round_trip(r: &Record) -> Option<Record> {
+        Record::decode(&r.encode())
+    }
+
+    #[test]
+    fn exchange_records_round_trip() {
+        let r = round_trip(&record(1)).unwrap();
+        assert_eq!((r.ok, r.nranks, r.rank, r.max_bytes, r.host, r.handle), (true, 2, 1, 16_000_000, host_id(), [1; 64]));
+        assert!(Record::decode(&[0u8; RECORD_BYTES]).is_none(), "no magic, no record");
+        assert!(Record::decode(&[0u8; 8]).is_none());
+    }
+
+    #[test]
+    fn all_ranks_join_or_none() {
+        let mine = record(0);
+        let all = |f: &dyn Fn(&mut Record)| {
+            (0..2)
+                .map(|r| {
+                    let mut rec = record(r);
+                    if r == 1 {
+                        f(&mut rec);
+                    }
+                    round_trip(&rec)
+                })
+                .collect::<Vec<_>>()
+        };
+        assert!(agree(&all(&|_| {}), &mine));
+        assert!(!agree(&all(&|r| r.ok = false), &mine), "a rank that could not allocate");
+        assert!(!agree(&all(&|r| r.host ^= 1), &mine), "a rank on another host: multi-node uses NCCL");
+        assert!(!agree(&all(&|r| r.max_bytes = 8_000_000), &mine), "different workspace settings");
+        assert!(!agree(&all(&|r| r.rank = 0), &mine), "ranks out of order");
+        assert!(!agree(&all(&|r| r.nranks = 4), &mine));
+        assert!(!agree(&[round_trip(&mine), None], &mine), "a garbled record");
+        assert!(!agree(&[round_trip(&mine)], &mine), "a missing rank");
+    }
+
+    #[test]
+    fn workspace_size_rule() {
+        assert_eq!(max_message_bytes(2), 16_000_000);
+        assert_eq!(max_message_bytes(8), 8_000_000);
     }
 }
