@@ -1,19 +1,19 @@
 //! What one benchmark row measures.
 
 use edgellm_allreduce::kernels::Family;
+use edgellm_allreduce::tensor::DataType;
 
-/// One strategy row of the sweep. Every row is one all-reduce of `bytes` per call; a row that
-/// cannot run at a size (the family does not serve it, no NCCL, AUTO picks NCCL in simulation)
-/// is reported as `n/a`.
+/// One strategy row of a sweep. A plain row is one all-reduce of `bytes` per call; a fused row
+/// is one all-reduce + residual (+ bias) + RMSNorm of a `tokens × hidden` [`Shape`] per call
+/// (every kernel of the op in the one call). A row that cannot run at a size (the family does
+/// not serve it, no NCCL, AUTO picks NCCL in simulation) is reported as `n/a`.
 ///
-/// EXTENSION POINT: fused all-reduce + residual + RMSNorm rows. Add a variant here, e.g.
-/// `FusedResidualRmsNorm(Family)`, give it a `name` and list it in [`Case::ALL`] (and
-/// `runs_in`), then handle it where the compiler points: `sim::plan` / `real::Shared::plan`
-/// (can it run at this size, with which kernel), `SimRun::enqueue` / `RealRun::enqueue` (one
-/// call; the residual and weight buffers belong to the runner, next to its inputs and outputs),
-/// and the reference of the check (`data::generate` sums the inputs; a fused row's expected
-/// output is RMSNorm(sum + residual)·weight, and it may have two outputs to check). Timing,
-/// graphs, CSV, table and plot need no change: they only see a row name.
+/// Adding a row: a variant here, its `name`, list it in [`Case::ALL`] (and `runs_in`), then
+/// handle it where the compiler points: `sim::plan` / `real::Shared::plan` (plain) or
+/// `sim::plan_fused` / `real::Shared::plan_fused` (fused: can it run at this shape, with
+/// which kernels), the runners' `enqueue` (one call) and the reference of the check
+/// (`data::generate` sums the inputs; `data::fused_reference` derives the fused outputs).
+/// Timing, graphs, CSV, table and plot need no change: they only see a row name.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Case {
     /// `ncclAllReduce` called directly (real mode only).
@@ -25,6 +25,21 @@ pub enum Case {
     /// `plugin::PluginCore::enqueue` with AUTO after registering the communicators: exactly what
     /// TensorRT's call of the plugin runs (real mode only).
     Plugin,
+    /// Fused: one fused all-reduce + residual + RMSNorm kernel of a family
+    /// (`Group::launch_fused`).
+    Fused(Family),
+    /// Fused: what AUTO picks for the fused message: a fused family, or NCCL then the
+    /// residual + RMSNorm kernel (real mode; `n/a` in simulation).
+    FusedAuto,
+    /// Fused baseline: AUTO's plain custom all-reduce for the size (`Group::launch` into a
+    /// temporary buffer), then a separate residual + RMSNorm kernel (`FusedCall::launch_norm`).
+    ArThenNorm,
+    /// Fused baseline: `ncclAllReduce` (x into normed), then the residual + RMSNorm kernel in
+    /// place: the plugin's NCCL path (real mode only).
+    NcclThenNorm,
+    /// Fused: `PluginCore::enqueue` of a fused plugin (AUTO, fusion_op RESIDUAL_RMS_NORM)
+    /// after registering the communicators (real mode only).
+    PluginFused,
 }
 
 impl Case {
@@ -36,6 +51,13 @@ impl Case {
             Case::Custom(Family::Lamport) => "lamport",
             Case::Auto => "auto",
             Case::Plugin => "plugin",
+            Case::Fused(Family::OneShot) => "fused_oneshot",
+            Case::Fused(Family::TwoShot) => "fused_twoshot",
+            Case::Fused(Family::Lamport) => "fused_lamport",
+            Case::FusedAuto => "fused_auto",
+            Case::ArThenNorm => "ar_then_norm",
+            Case::NcclThenNorm => "nccl_then_norm",
+            Case::PluginFused => "plugin_fused",
         }
     }
 
@@ -43,36 +65,173 @@ impl Case {
         Case::ALL.into_iter().find(|c| c.name().eq_ignore_ascii_case(s.trim()))
     }
 
-    pub const ALL: [Case; 6] = [
+    pub const ALL: [Case; 13] = [
         Case::Nccl,
         Case::Custom(Family::OneShot),
         Case::Custom(Family::TwoShot),
         Case::Custom(Family::Lamport),
         Case::Auto,
         Case::Plugin,
+        Case::Fused(Family::OneShot),
+        Case::Fused(Family::TwoShot),
+        Case::Fused(Family::Lamport),
+        Case::FusedAuto,
+        Case::ArThenNorm,
+        Case::NcclThenNorm,
+        Case::PluginFused,
     ];
 
-    /// The rows of a mode when `--strategies` is not given.
-    pub fn defaults(mode: Mode) -> Vec<Case> {
-        Case::ALL.into_iter().filter(|c| c.runs_in(mode)).collect()
+    /// The rows of a mode and sweep (fused or plain) when `--strategies` is not given.
+    pub fn defaults(mode: Mode, fused: bool) -> Vec<Case> {
+        Case::ALL.into_iter().filter(|c| c.runs_in(mode) && c.is_fused() == fused).collect()
     }
 
     pub fn runs_in(self, mode: Mode) -> bool {
         match self {
-            Case::Nccl | Case::Plugin => mode == Mode::Real,
+            Case::Nccl | Case::Plugin | Case::NcclThenNorm | Case::PluginFused => mode == Mode::Real,
             _ => true,
         }
     }
 
+    /// A row of the fused sweep (all-reduce + residual + RMSNorm of a shape).
+    pub fn is_fused(self) -> bool {
+        matches!(self, Case::Fused(_) | Case::FusedAuto | Case::ArThenNorm | Case::NcclThenNorm | Case::PluginFused)
+    }
+
     /// AUTO and the plugin choose among the others: they are not candidates for "best".
     pub fn is_meta(self) -> bool {
-        matches!(self, Case::Auto | Case::Plugin)
+        matches!(self, Case::Auto | Case::Plugin | Case::FusedAuto | Case::PluginFused)
+    }
+
+    /// The unfused baselines of the fused sweep: not candidates for "best fused" either.
+    pub fn is_baseline(self) -> bool {
+        matches!(self, Case::ArThenNorm | Case::NcclThenNorm)
+    }
+
+    /// Rows whose table cell shows the path taken (what AUTO / the plugin picked, or which
+    /// plain family ran before the norm).
+    pub fn shows_path(self) -> bool {
+        self.is_meta() || self == Case::ArThenNorm
     }
 }
 
+/// Whether a row name (from a run or a CSV) is a fused row; unknown names are not.
+pub fn is_fused_name(strategy: &str) -> bool {
+    Case::parse(strategy).is_some_and(|c| c.is_fused())
+}
+
+/// Which sweeps a run makes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Suite {
+    /// The plain all-reduce sweep over message sizes.
+    Plain,
+    /// The fused all-reduce + residual + RMSNorm sweep over tokens × hidden shapes.
+    Fused,
+    /// Both.
+    All,
+}
+
+impl Suite {
+    pub fn plain(self) -> bool {
+        self != Suite::Fused
+    }
+    pub fn fused(self) -> bool {
+        self != Suite::Plain
+    }
+}
+
+/// Which fused shapes get a bias input.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum BiasMode {
+    /// Half of the shapes, in a checkerboard over (tokens, hidden): with the default shapes,
+    /// every token count and every hidden size is measured both with and without.
+    Half,
+    /// Every shape with a bias.
+    On,
+    /// No bias.
+    Off,
+    /// Every shape twice, without and with.
+    Both,
+}
+
+/// One fused call's shape: `tokens` rows of `hidden` elements, with or without a bias.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Shape {
+    pub tokens: u64,
+    pub hidden: u32,
+    pub bias: bool,
+}
+
+impl Shape {
+    pub fn count(&self) -> usize {
+        self.tokens as usize * self.hidden as usize
+    }
+    pub fn bytes(&self, dtype: DataType) -> u64 {
+        (self.count() * dtype.size()) as u64
+    }
+    /// "8x4096", "8x4096+bias": the CSV's `shape` column and the table's first column.
+    pub fn label(&self) -> String {
+        format!("{}x{}{}", self.tokens, self.hidden, if self.bias { "+bias" } else { "" })
+    }
+    pub fn parse_label(s: &str) -> Option<Shape> {
+        let (dims, bias) = match s.trim().strip_suffix("+bias") {
+            Some(d) => (d, true),
+            None => (s.trim(), false),
+        };
+        let (tokens, hidden) = parse_dims(dims).ok()?;
+        Some(Shape { tokens, hidden, bias })
+    }
+}
+
+/// "8x4096" (tokens × hidden, both > 0).
+pub fn parse_dims(s: &str) -> Result<(u64, u32), String> {
+    let bad = || format!("'{s}' is not a shape TOKENSxHIDDEN (e.g. 8x4096)");
+    let (t, h) = s.trim().split_once(['x', 'X']).ok_or_else(bad)?;
+    let tokens: u64 = t.trim().parse().map_err(|_| bad())?;
+    let hidden: u32 = h.trim().parse().map_err(|_| bad())?;
+    if tokens == 0 || hidden == 0 {
+        return Err(bad());
+    }
+    Ok((tokens, hidden))
+}
+
+/// The default shapes of the fused sweep: decode, tokens {1, 8, 32, 128} × hidden {4096, 8192}.
+pub const DEFAULT_SHAPES: [(u64, u32); 8] = [(1, 4096), (1, 8192), (8, 4096), (8, 8192), (32, 4096), (32, 8192), (128, 4096), (128, 8192)];
+
+/// The shapes of the sweep: `dims` sorted by (tokens, hidden), deduplicated, with the bias
+/// given by `bias`.
+pub fn shapes(dims: &[(u64, u32)], bias: BiasMode) -> Vec<Shape> {
+    let mut dims = dims.to_vec();
+    dims.sort_unstable();
+    dims.dedup();
+    let mut tokens: Vec<u64> = dims.iter().map(|d| d.0).collect();
+    tokens.dedup();
+    let mut hiddens: Vec<u32> = dims.iter().map(|d| d.1).collect();
+    hiddens.sort_unstable();
+    hiddens.dedup();
+    let mut out = Vec::new();
+    for (t, h) in dims {
+        let checker = (tokens.iter().position(|&x| x == t).unwrap() + hiddens.iter().position(|&x| x == h).unwrap()) % 2 == 1;
+        let with = match bias {
+            BiasMode::Half => vec![checker],
+            BiasMode::On => vec![true],
+            BiasMode::Off => vec![false],
+            BiasMode::Both => vec![false, true],
+        };
+        out.extend(with.into_iter().map(|b| Shape { tokens: t, hidden: h, bias: b }));
+    }
+    out
+}
+
 /// The plain all-reduce call AUTO decides on (aligned buffers: the benchmark's are).
-pub fn plain_call(tp_size: i32, dtype: edgellm_allreduce::tensor::DataType, bytes: u64) -> edgellm_allreduce::strategy::Call {
+pub fn plain_call(tp_size: i32, dtype: DataType, bytes: u64) -> edgellm_allreduce::strategy::Call {
     let message = edgellm_allreduce::workspace::Message { bytes, rows: None };
+    edgellm_allreduce::strategy::Call { tp_size, dtype, message, aligned: true }
+}
+
+/// The fused call AUTO decides on.
+pub fn fused_call(tp_size: i32, dtype: DataType, shape: &Shape) -> edgellm_allreduce::strategy::Call {
+    let message = edgellm_allreduce::workspace::Message { bytes: shape.bytes(dtype), rows: Some((shape.tokens, shape.hidden)) };
     edgellm_allreduce::strategy::Call { tp_size, dtype, message, aligned: true }
 }
 
@@ -114,8 +273,40 @@ mod tests {
         }
         assert_eq!(Case::parse(" OneShot "), Some(Case::Custom(Family::OneShot)));
         assert_eq!(Case::parse("fast"), None);
-        assert_eq!(Case::defaults(Mode::Sim).iter().map(|c| c.name()).collect::<Vec<_>>(), ["oneshot", "twoshot", "lamport", "auto"]);
-        assert_eq!(Case::defaults(Mode::Real).len(), 6);
+        assert_eq!(Case::defaults(Mode::Sim, false).iter().map(|c| c.name()).collect::<Vec<_>>(), ["oneshot", "twoshot", "lamport", "auto"]);
+        assert_eq!(Case::defaults(Mode::Real, false).len(), 6);
         assert!(Case::Auto.is_meta() && Case::Plugin.is_meta() && !Case::Nccl.is_meta());
+        assert_eq!(
+            Case::defaults(Mode::Sim, true).iter().map(|c| c.name()).collect::<Vec<_>>(),
+            ["fused_oneshot", "fused_twoshot", "fused_lamport", "fused_auto", "ar_then_norm"]
+        );
+        assert_eq!(Case::defaults(Mode::Real, true).len(), 7);
+        assert!(Case::FusedAuto.is_meta() && Case::PluginFused.is_meta() && Case::ArThenNorm.is_baseline());
+        assert!(Case::ArThenNorm.shows_path() && !Case::Fused(Family::Lamport).shows_path());
+        assert!(is_fused_name("nccl_then_norm") && !is_fused_name("nccl") && !is_fused_name("floor"));
+    }
+
+    #[test]
+    fn shapes_parse_and_the_bias_checkerboard() {
+        assert_eq!(parse_dims("8x4096"), Ok((8, 4096)));
+        assert_eq!(parse_dims(" 128X8192 "), Ok((128, 8192)));
+        assert!(parse_dims("8").is_err() && parse_dims("0x4096").is_err() && parse_dims("8x").is_err());
+        let all = shapes(&DEFAULT_SHAPES, BiasMode::Half);
+        assert_eq!(all.len(), 8);
+        assert_eq!(all.iter().filter(|s| s.bias).count(), 4);
+        for t in [1, 8, 32, 128] {
+            assert_eq!(all.iter().filter(|s| s.tokens == t && s.bias).count(), 1, "each token count once with a bias");
+        }
+        for h in [4096, 8192] {
+            assert_eq!(all.iter().filter(|s| s.hidden == h && s.bias).count(), 2, "each hidden size twice with a bias");
+        }
+        assert_eq!(all[0].label(), "1x4096");
+        assert_eq!(all[1].label(), "1x8192+bias");
+        for s in &all {
+            assert_eq!(Shape::parse_label(&s.label()), Some(*s));
+        }
+        assert_eq!(shapes(&[(8, 4096), (1, 4096), (8, 4096)], BiasMode::Both).len(), 4);
+        assert!(shapes(&DEFAULT_SHAPES, BiasMode::On).iter().all(|s| s.bias));
+        assert_eq!(all[7].bytes(DataType::Bf16), 128 * 8192 * 2);
     }
 }

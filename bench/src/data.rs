@@ -109,9 +109,14 @@ pub fn digest(bytes: &[u8]) -> u64 {
     h ^ (h >> 31)
 }
 
-/// What one rank (or, in simulation, one output) looks like.
+/// What one rank's output (or, in simulation, one output) looks like.
 #[derive(Clone, Debug, PartialEq)]
 pub struct OutputCheck {
+    /// Which output: "out" (plain), "normed" or "residual_out" (fused). Outputs of one name are
+    /// compared across ranks; the k-th check of a name is rank k's.
+    pub output: &'static str,
+    /// The relative L2 error allowed.
+    pub tolerance: f64,
     pub digest: u64,
     /// Relative L2 error against the reference (infinite if any element is not finite).
     pub rel_err: f64,
@@ -119,7 +124,13 @@ pub struct OutputCheck {
     pub first_bad: Option<usize>,
 }
 
+/// The plain all-reduce's output against the fp64 sum, with the type's tolerance.
 pub fn check_output(bytes: &[u8], reference: &[f64], dtype: DataType) -> OutputCheck {
+    check_named(bytes, reference, dtype, "out", tolerance(dtype))
+}
+
+/// One named output against its reference, within `tolerance` (relative L2 error).
+pub fn check_named(bytes: &[u8], reference: &[f64], dtype: DataType, output: &'static str, tolerance: f64) -> OutputCheck {
     let (mut err, mut norm, mut first_bad) = (0f64, 0f64, None);
     for (i, (c, r)) in bytes.chunks_exact(dtype.size()).zip(reference).enumerate() {
         let got = decode(c, dtype);
@@ -131,25 +142,106 @@ pub fn check_output(bytes: &[u8], reference: &[f64], dtype: DataType) -> OutputC
         norm += r * r;
     }
     let rel_err = if first_bad.is_some() { f64::INFINITY } else { (err / norm.max(1e-30)).sqrt() };
-    OutputCheck { digest: digest(bytes), rel_err, first_bad }
+    OutputCheck { output, tolerance, digest: digest(bytes), rel_err, first_bad }
 }
 
-/// The verdict over all ranks' outputs: Ok, or what is wrong.
-pub fn verdict(checks: &[OutputCheck], dtype: DataType) -> Result<f64, String> {
+/// The verdict over all ranks' outputs: Ok (the worst relative error), or what is wrong.
+/// Outputs of the same name must be bit-identical across ranks.
+pub fn verdict(checks: &[OutputCheck]) -> Result<f64, String> {
     let mut worst = 0f64;
-    for (rank, c) in checks.iter().enumerate() {
+    let mut seen: Vec<(&'static str, u64, usize)> = Vec::new(); // name, rank 0's digest, ranks so far
+    for c in checks {
+        let rank = match seen.iter_mut().find(|s| s.0 == c.output) {
+            Some(s) => {
+                s.2 += 1;
+                s.2 - 1
+            }
+            None => {
+                seen.push((c.output, c.digest, 1));
+                0
+            }
+        };
+        let what = if c.output == "out" { format!("rank {rank}") } else { format!("rank {rank} {}", c.output) };
         if let Some(i) = c.first_bad {
-            return Err(format!("rank {rank}: element {i} is not finite (unwritten or NaN)"));
+            return Err(format!("{what}: element {i} is not finite (unwritten or NaN)"));
         }
-        if c.rel_err >= tolerance(dtype) {
-            return Err(format!("rank {rank}: relative error {:.3e} >= {:.0e}", c.rel_err, tolerance(dtype)));
+        if c.rel_err >= c.tolerance {
+            return Err(format!("{what}: relative error {:.3e} >= {:.0e}", c.rel_err, c.tolerance));
         }
-        if c.digest != checks[0].digest {
-            return Err(format!("rank {rank}'s output differs from rank 0's"));
+        let first = seen.iter().find(|s| s.0 == c.output).expect("recorded").1;
+        if c.digest != first {
+            return Err(format!("{what} differs from rank 0's"));
         }
         worst = worst.max(c.rel_err);
     }
     Ok(worst)
+}
+
+/// Seed of the fused inputs that every rank shares (residual, gamma, bias): `tag` 1, 2, 3.
+pub fn shared_seed(nranks: i32, bytes: u64, hidden: u32, tag: u64) -> u64 {
+    seed(nranks, bytes ^ ((hidden as u64) << 40), 1000 + tag as usize)
+}
+
+/// The inputs of a fused call that are identical on every rank (tensor parallelism): raw
+/// bytes to upload and the stored values.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SharedInputs {
+    pub residual: Vec<u8>,
+    pub gamma: Vec<u8>,
+    /// Empty without a bias.
+    pub bias: Vec<u8>,
+    pub residual_f64: Vec<f64>,
+    pub gamma_f64: Vec<f64>,
+    /// Empty without a bias.
+    pub bias_f64: Vec<f64>,
+}
+
+/// Pseudo-random residual (tokens × hidden), gamma and bias (hidden) in [-2, 2), the same on
+/// every rank.
+pub fn shared_inputs(nranks: i32, dtype: DataType, tokens: u64, hidden: u32, bias: bool) -> SharedInputs {
+    let count = tokens as usize * hidden as usize;
+    let bytes = (count * dtype.size()) as u64;
+    let make = |n: usize, tag: u64| {
+        let mut v = vec![0f64; n];
+        let b = generate(n, dtype, shared_seed(nranks, bytes, hidden, tag), Some(&mut v));
+        (b, v)
+    };
+    let (residual, residual_f64) = make(count, 1);
+    let (gamma, gamma_f64) = make(hidden as usize, 2);
+    let (bias, bias_f64) = if bias { make(hidden as usize, 3) } else { (Vec::new(), Vec::new()) };
+    SharedInputs { residual, gamma, bias, residual_f64, gamma_f64, bias_f64 }
+}
+
+/// fp64 references of the fused op from the fp64 sum of the ranks' x:
+/// residual_out = sum + bias + residual; normed = residual_out / sqrt(mean(residual_out²) + eps)
+/// · gamma, per row of `hidden` elements. Returns (residual_out, normed).
+pub fn fused_reference(sum: &[f64], shared: &SharedInputs, hidden: u32, eps: f32) -> (Vec<f64>, Vec<f64>) {
+    let h = hidden as usize;
+    let mut res = vec![0f64; sum.len()];
+    let mut normed = vec![0f64; sum.len()];
+    for (row, (s, r)) in sum.chunks(h).zip(shared.residual_f64.chunks(h)).enumerate() {
+        let out = &mut res[row * h..row * h + s.len()];
+        for i in 0..s.len() {
+            out[i] = s[i] + shared.bias_f64.get(i).copied().unwrap_or(0.0) + r[i];
+        }
+        let ms = out.iter().map(|v| v * v).sum::<f64>() / h as f64;
+        let scale = 1.0 / (ms + eps as f64).sqrt();
+        for i in 0..s.len() {
+            normed[row * h + i] = out[i] * scale * shared.gamma_f64[i];
+        }
+    }
+    (res, normed)
+}
+
+/// Relative L2 error allowed for the fused outputs: (residual_out, normed).
+pub fn fused_tolerances(dtype: DataType) -> (f64, f64) {
+    (tolerance(dtype), 2.0 * tolerance(dtype))
+}
+
+/// One rank's fused outputs against the references.
+pub fn check_fused(normed: &[u8], residual_out: &[u8], reference: &(Vec<f64>, Vec<f64>), dtype: DataType) -> [OutputCheck; 2] {
+    let (tol_res, tol_norm) = fused_tolerances(dtype);
+    [check_named(normed, &reference.1, dtype, "normed", tol_norm), check_named(residual_out, &reference.0, dtype, "residual_out", tol_res)]
 }
 
 #[cfg(test)]
@@ -177,18 +269,18 @@ mod tests {
                 }
             }
             let good = check_output(&sum, &reference, dtype);
-            assert!(verdict(&[good.clone(), good.clone()], dtype).is_ok(), "{dtype:?}: {good:?}");
+            assert!(verdict(&[good.clone(), good.clone()]).is_ok(), "{dtype:?}: {good:?}");
             let wrong = check_output(&a, &reference, dtype);
-            assert!(verdict(&[wrong], dtype).unwrap_err().contains("relative error"));
+            assert!(verdict(&[wrong]).unwrap_err().contains("relative error"));
             let mut poisoned = sum.clone();
             poisoned[dtype.size() * 7..dtype.size() * 8].fill(POISON);
             let p = check_output(&poisoned, &reference, dtype);
             assert_eq!(p.first_bad, Some(7));
-            assert!(verdict(&[good.clone(), p], dtype).unwrap_err().contains("element 7"));
+            assert!(verdict(&[good.clone(), p]).unwrap_err().contains("element 7"));
             let mut other = sum.clone();
             other[0] ^= 1; // one ulp: within tolerance, but not the same bits
             let o = check_output(&other, &reference, dtype);
-            assert!(verdict(&[good, o], dtype).unwrap_err().contains("differs"));
+            assert!(verdict(&[good, o]).unwrap_err().contains("differs"));
         }
     }
 
@@ -201,5 +293,50 @@ mod tests {
         assert!(parse_dtype("int8").is_err());
         assert_ne!(digest(&[1, 2, 3]), digest(&[1, 2, 4]));
         assert_ne!(digest(&[0; 16]), digest(&[0; 17]));
+    }
+
+    #[test]
+    fn fused_reference_and_two_outputs_per_rank() {
+        let (tokens, hidden) = (3u64, 64u32);
+        let count = (tokens * hidden as u64) as usize;
+        for dtype in [DataType::Float, DataType::Half, DataType::Bf16] {
+            let shared = shared_inputs(2, dtype, tokens, hidden, true);
+            assert_eq!(shared, shared_inputs(2, dtype, tokens, hidden, true), "identical on every rank");
+            assert_eq!((shared.residual.len(), shared.gamma.len(), shared.bias.len()), (count * dtype.size(), hidden as usize * dtype.size(), hidden as usize * dtype.size()));
+            assert_ne!(shared.residual_f64[..hidden as usize], shared.gamma_f64[..], "different tensors");
+            assert!(shared_inputs(2, dtype, tokens, hidden, false).bias.is_empty());
+            let mut sum = vec![0f64; count];
+            generate(count, dtype, seed(2, 0, 0), Some(&mut sum));
+            let reference = fused_reference(&sum, &shared, hidden, 1e-6);
+            // Row 1 by hand.
+            let h = hidden as usize;
+            let row: Vec<f64> = (0..h).map(|i| sum[h + i] + shared.bias_f64[i] + shared.residual_f64[h + i]).collect();
+            let rms = (row.iter().map(|v| v * v).sum::<f64>() / h as f64 + 1e-6).sqrt();
+            for (i, v) in row.iter().enumerate() {
+                assert!((reference.0[h + i] - v).abs() < 1e-12);
+                assert!((reference.1[h + i] - v / rms * shared.gamma_f64[i]).abs() < 1e-12);
+            }
+            let encode = |v: &[f64]| -> Vec<u8> {
+                v.iter()
+                    .flat_map(|&x| match dtype {
+                        DataType::Float => (x as f32).to_ne_bytes().to_vec(),
+                        DataType::Half => half::f16::from_f64(x).to_bits().to_ne_bytes().to_vec(),
+                        DataType::Bf16 => half::bf16::from_f64(x).to_bits().to_ne_bytes().to_vec(),
+                    })
+                    .collect()
+            };
+            let (res, normed) = (encode(&reference.0), encode(&reference.1));
+            let good = check_fused(&normed, &res, &reference, dtype);
+            let checks: Vec<OutputCheck> = good.iter().chain(good.iter()).cloned().collect();
+            assert!(verdict(&checks).is_ok(), "{dtype:?}: {checks:?}");
+            let mut other = normed.clone();
+            other[0] ^= 1;
+            let bad = check_fused(&other, &res, &reference, dtype);
+            let checks: Vec<OutputCheck> = good.iter().chain(bad.iter()).cloned().collect();
+            assert_eq!(verdict(&checks).unwrap_err(), "rank 1 normed differs from rank 0's");
+            // The normed output in place of residual_out is far off.
+            let swapped = check_fused(&normed, &normed, &reference, dtype);
+            assert!(verdict(&swapped).unwrap_err().contains("rank 0 residual_out: relative error"));
+        }
     }
 }

@@ -4,6 +4,7 @@
 
 mod case;
 mod data;
+mod fused;
 mod gpu;
 mod measure;
 mod nccl;
@@ -13,7 +14,7 @@ mod record;
 mod sim;
 mod stats;
 
-use case::{Case, Mode};
+use case::{BiasMode, Case, Mode, Shape, Suite};
 use clap::{Args, Parser, Subcommand};
 use edgellm_allreduce::tensor::DataType;
 use measure::{Settings, Sink};
@@ -69,9 +70,27 @@ struct RunArgs {
     /// Explicit message sizes instead of the powers of two from --min-bytes to --max-bytes.
     #[arg(long, value_delimiter = ',', value_parser = stats::parse_bytes)]
     sizes: Vec<u64>,
-    /// Rows: nccl, oneshot, twoshot, lamport, auto, plugin [all of the mode's].
+    /// Rows: nccl, oneshot, twoshot, lamport, auto, plugin; fused: fused_oneshot,
+    /// fused_twoshot, fused_lamport, fused_auto, ar_then_norm, nccl_then_norm, plugin_fused
+    /// [all of the mode's, for the sweeps that run].
     #[arg(long, value_delimiter = ',', value_parser = parse_case)]
     strategies: Vec<Case>,
+    /// Sweeps: plain (all-reduce over message sizes), fused (all-reduce + residual + RMSNorm
+    /// over tokens x hidden shapes), all [plain; fused when --strategies names only fused rows;
+    /// all when it names both].
+    #[arg(long, value_enum)]
+    suite: Option<Suite>,
+    /// Same as --suite fused.
+    #[arg(long, conflicts_with = "suite")]
+    fused: bool,
+    /// Fused sweep: shapes TOKENSxHIDDEN, comma-separated [1x4096,1x8192,8x4096,8x8192,
+    /// 32x4096,32x8192,128x4096,128x8192].
+    #[arg(long, value_delimiter = ',', value_parser = case::parse_dims)]
+    shapes: Vec<(u64, u32)>,
+    /// Fused sweep: which shapes have a bias input: half (a checkerboard over tokens x hidden),
+    /// on, off, both (every shape twice).
+    #[arg(long, value_enum, default_value_t = BiasMode::Half)]
+    bias: BiasMode,
     /// Largest message the custom workspaces take [the library's default: 16 MB at 2 ranks,
     /// 8 MB above]; e.g. 64M to cover the whole default sweep. Also given to the plugin's group
     /// (EDGELLM_ALLREDUCE_WORKSPACE_BYTES).
@@ -116,18 +135,47 @@ struct RunArgs {
 }
 
 fn parse_case(s: &str) -> Result<Case, String> {
-    Case::parse(s).ok_or_else(|| format!("unknown strategy '{s}' (nccl, oneshot, twoshot, lamport, auto, plugin)"))
+    Case::parse(s).ok_or_else(|| {
+        let names: Vec<&str> = Case::ALL.iter().map(|c| c.name()).collect();
+        format!("unknown strategy '{s}' ({})", names.join(", "))
+    })
 }
 
 /// What a run measures (resolved options).
 pub struct Plan {
     pub ranks: Vec<i32>,
     pub dtypes: Vec<DataType>,
+    /// The plain sweep's message sizes (empty: no plain sweep).
     pub sizes: Vec<u64>,
+    /// The plain sweep's rows.
     pub cases: Vec<Case>,
+    /// The fused sweep's shapes (empty: no fused sweep).
+    pub shapes: Vec<Shape>,
+    /// The fused sweep's rows.
+    pub fused_cases: Vec<Case>,
     pub settings: Settings,
     pub workspace_bytes: Option<u64>,
     pub device: i32,
+}
+
+impl Plan {
+    /// Every row of one rank count: (dtype, bytes, case, shape label) of the plain sweep, or of
+    /// the fused one.
+    pub fn rows(&self, fused: bool) -> Vec<(DataType, u64, Case, String)> {
+        let mut out = Vec::new();
+        for &dtype in &self.dtypes {
+            if fused {
+                for shape in &self.shapes {
+                    out.extend(self.fused_cases.iter().map(|&c| (dtype, shape.bytes(dtype), c, shape.label())));
+                }
+            } else {
+                for &bytes in &self.sizes {
+                    out.extend(self.cases.iter().map(|&c| (dtype, bytes, c, String::new())));
+                }
+            }
+        }
+        out
+    }
 }
 
 fn main() {
@@ -202,19 +250,50 @@ fn run(a: RunArgs) -> i32 {
         warmup: a.warmup.unwrap_or(if quick { 1 } else { 3 }),
         eager: !a.no_eager,
     };
+    let suite = match (a.fused, a.suite) {
+        (true, _) => Suite::Fused,
+        (false, Some(s)) => s,
+        (false, None) => match (a.strategies.iter().any(|c| !c.is_fused()), a.strategies.iter().any(|c| c.is_fused())) {
+            (false, true) => Suite::Fused,
+            (true, true) => Suite::All,
+            _ => Suite::Plain,
+        },
+    };
+    let pick = |fused: bool| -> Vec<Case> {
+        if a.strategies.is_empty() {
+            Case::defaults(a.mode, fused)
+        } else {
+            a.strategies.iter().copied().filter(|c| c.is_fused() == fused).collect()
+        }
+    };
+    let cases: Vec<Case> = if suite.plain() { pick(false) } else { Vec::new() };
+    let fused_cases: Vec<Case> = if suite.fused() { pick(true) } else { Vec::new() };
+    if cases.is_empty() && fused_cases.is_empty() {
+        eprintln!("error: --strategies names no row of the {} sweep", format!("{suite:?}").to_lowercase());
+        return 2;
+    }
+    for (runs, rows, name) in [(suite.plain(), &cases, "plain"), (suite.fused(), &fused_cases, "fused")] {
+        if runs && rows.is_empty() {
+            eprintln!("warning: --strategies names no row of the {name} sweep: it is skipped");
+        }
+    }
+    let dims: &[(u64, u32)] = if a.shapes.is_empty() { &case::DEFAULT_SHAPES } else { &a.shapes };
+    let shapes = if fused_cases.is_empty() { Vec::new() } else { case::shapes(dims, a.bias) };
+
     let elem = a.dtype.iter().map(|d| d.size() as u64).max().unwrap_or(2);
-    let mut sizes: Vec<u64> = if a.sizes.is_empty() {
+    let mut sizes: Vec<u64> = if cases.is_empty() {
+        Vec::new()
+    } else if a.sizes.is_empty() {
         stats::sizes(a.min_bytes, a.max_bytes, elem, quick)
     } else {
         a.sizes.iter().map(|s| s.div_ceil(elem) * elem).collect()
     };
     sizes.sort_unstable();
     sizes.dedup();
-    if sizes.is_empty() {
+    if sizes.is_empty() && !cases.is_empty() {
         eprintln!("error: no message size between {} and {} bytes", a.min_bytes, a.max_bytes);
         return 2;
     }
-    let cases: Vec<Case> = if a.strategies.is_empty() { Case::defaults(a.mode) } else { a.strategies.clone() };
 
     let gpus = gpu::device_count();
     if gpus == 0 {
@@ -241,21 +320,34 @@ fn run(a: RunArgs) -> i32 {
         eprintln!("error: real mode needs 2 or more GPUs; this machine has {gpus} (use --mode sim)");
         return 2;
     }
-    let plan = Plan { ranks, dtypes: a.dtype.clone(), sizes, cases, settings, workspace_bytes: a.workspace_bytes, device: a.device };
+    let plan = Plan { ranks, dtypes: a.dtype.clone(), sizes, cases, shapes, fused_cases, settings, workspace_bytes: a.workspace_bytes, device: a.device };
 
+    let dtypes = plan.dtypes.iter().map(|d| data::dtype_name(*d)).collect::<Vec<_>>().join(",");
+    if !plan.cases.is_empty() {
+        println!(
+            "edgellm-allreduce-bench: mode {}, ranks {:?}, {dtypes}, {} sizes {}..{}, rows {}",
+            a.mode.name(),
+            plan.ranks,
+            plan.sizes.len(),
+            stats::fmt_bytes(plan.sizes[0]),
+            stats::fmt_bytes(*plan.sizes.last().unwrap()),
+            plan.cases.iter().map(|c| c.name()).collect::<Vec<_>>().join(",")
+        );
+    }
+    if !plan.fused_cases.is_empty() {
+        println!(
+            "edgellm-allreduce-bench: mode {}, ranks {:?}, {dtypes}, fused all-reduce + residual + RMSNorm (eps {:e}), shapes {}, rows {}",
+            a.mode.name(),
+            plan.ranks,
+            fused::eps(),
+            plan.shapes.iter().map(|s| s.label()).collect::<Vec<_>>().join(","),
+            plan.fused_cases.iter().map(|c| c.name()).collect::<Vec<_>>().join(",")
+        );
+    }
     println!(
-        "edgellm-allreduce-bench: mode {}, ranks {:?}, {}, {} sizes {}..{}, rows {}",
-        a.mode.name(),
-        plan.ranks,
-        plan.dtypes.iter().map(|d| data::dtype_name(*d)).collect::<Vec<_>>().join(","),
-        plan.sizes.len(),
-        stats::fmt_bytes(plan.sizes[0]),
-        stats::fmt_bytes(*plan.sizes.last().unwrap()),
-        plan.cases.iter().map(|c| c.name()).collect::<Vec<_>>().join(",")
-    );
-    println!(
-        "timing: each CUDA graph holds one all-reduce{}; {} replays per batch, {} warm-up + {} timed batches, median (p10, p90 in the CSV){}",
+        "timing: each CUDA graph holds one all-reduce{}{}; {} replays per batch, {} warm-up + {} timed batches, median (p10, p90 in the CSV){}",
         if a.mode == Mode::Sim { " (fork, N rank launches, join)" } else { ", one graph per device, batches started together" },
+        if plan.fused_cases.is_empty() { "" } else { " or one complete fused op (all its kernels)" },
         settings.replays,
         settings.warmup,
         settings.batches,
@@ -275,7 +367,7 @@ fn run(a: RunArgs) -> i32 {
         }
     };
     gpu::watchdog::start(std::time::Duration::from_secs(a.timeout.max(5)), format!("rows so far are in {}", a.csv.display()));
-    let total = (plan.ranks.len() * plan.dtypes.len() * plan.sizes.len() * plan.cases.len()) as u64;
+    let total = (plan.ranks.len() * (plan.rows(false).len() + plan.rows(true).len())) as u64;
     let sink = Mutex::new(Sink::new(csv, total));
 
     let outcome = match a.mode {

@@ -3,8 +3,8 @@
 //! A row is measured by one thread per device (real mode) or by one thread driving N simulated
 //! ranks (sim): each runs [`measure`] with its [`Runner`], and the threads meet through a
 //! [`Team`] at every point where they must agree. Steps:
-//! 1. check: outputs poisoned, one all-reduce, every rank's output bit-identical and within
-//!    tolerance of the fp64 sum (a failure skips the timing);
+//! 1. check: outputs poisoned, one all-reduce (or fused op), every rank's output(s)
+//!    bit-identical and within tolerance of the fp64 reference (a failure skips the timing);
 //! 2. capture ONE all-reduce into a CUDA graph (per thread: one graph per device in real mode);
 //! 3. graph timing: `warmup + batches` batches; each batch is enqueued on every device behind
 //!    a closed [`Gate`] (start event, the graph replayed `replays` times back to back, stop
@@ -22,7 +22,6 @@ use crate::gpu::{capture, watchdog, Gate, Res, Timer, GATE_MAX_CALLS};
 use crate::record::{Record, Status};
 use crate::stats;
 use cudarc::driver::CudaStream;
-use edgellm_allreduce::tensor::DataType;
 use std::any::Any;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -163,7 +162,7 @@ impl Measured {
 
 /// Launches `launch` (one all-reduce, or one graph replay) on every thread after poisoning the
 /// outputs, and checks the outputs. Err: fatal; Ok(Err): the check failed.
-fn checked(runner: &impl Runner, team: &impl Team, dtype: DataType, launch: &dyn Fn() -> Res<()>) -> Result<Result<f64, String>, Fatal> {
+fn checked(runner: &impl Runner, team: &impl Team, launch: &dyn Fn() -> Res<()>) -> Result<Result<f64, String>, Fatal> {
     let enqueued = runner.poison().and_then(|_| launch());
     agree(team, &enqueued)?;
     let local = runner.stream().synchronize().map_err(|e| format!("synchronize: {e:?}")).and_then(|_| runner.check());
@@ -176,7 +175,7 @@ fn checked(runner: &impl Runner, team: &impl Team, dtype: DataType, launch: &dyn
         }
     }
     watchdog::tick();
-    Ok(data::verdict(&checks, dtype))
+    Ok(data::verdict(&checks))
 }
 
 /// Every thread learns whether all enqueued; a failure anywhere is fatal.
@@ -236,10 +235,10 @@ fn batches(runner: &impl Runner, team: &impl Team, timer: &Timer, s: &Settings, 
 
 /// Measures one row (see the module documentation). Every thread of the team calls it with the
 /// same settings; all get the same result.
-pub fn measure(runner: &impl Runner, team: &impl Team, timer: &Timer, s: &Settings, gate: Option<Gated>, dtype: DataType) -> Result<Measured, Fatal> {
+pub fn measure(runner: &impl Runner, team: &impl Team, timer: &Timer, s: &Settings, gate: Option<Gated>) -> Result<Measured, Fatal> {
     let mut m = Measured::default();
     let eager = || runner.enqueue();
-    if let Err(e) = checked(runner, team, dtype, &eager)? {
+    if let Err(e) = checked(runner, team, &eager)? {
         m.status = Some(Status::Failed);
         m.note = format!("check before timing: {e}");
         return Ok(m);
@@ -258,7 +257,7 @@ pub fn measure(runner: &impl Runner, team: &impl Team, timer: &Timer, s: &Settin
         // Eager is ungated: the host's launch cost is part of what it measures.
         m.eager = Some(stats::summarize(&batches(runner, team, timer, s, None, &eager)?).median);
     }
-    match checked(runner, team, dtype, &replay)? {
+    match checked(runner, team, &replay)? {
         Ok(_) => m.status = Some(Status::Ok),
         Err(e) => {
             m.status = Some(Status::Failed);

@@ -1,5 +1,6 @@
 //! The PNG: per-call latency (graph replay median) against message size, log-log, one panel
-//! per (mode, ranks, dtype), one line per strategy, the simulation floor as a grey line. Text
+//! per (mode, ranks, dtype) and one more per fused sweep (against the bytes of x), one line per
+//! strategy, the simulation floor as a grey line. Text
 //! needs a TrueType font loaded at run time; without one the plot is drawn without text.
 
 use crate::record::{self, Record, Status, FLOOR};
@@ -47,12 +48,15 @@ pub fn load_font(explicit: Option<&Path>) -> Option<PathBuf> {
 
 fn color(strategy: &str, i: usize) -> RGBColor {
     match strategy {
-        "nccl" => RGBColor(0, 0, 0),
-        "oneshot" => RGBColor(31, 119, 180),
-        "twoshot" => RGBColor(44, 160, 44),
-        "lamport" => RGBColor(214, 39, 40),
-        "auto" => RGBColor(255, 127, 14),
-        "plugin" => RGBColor(148, 103, 189),
+        // Fused panels: a fused family in its plain family's colour, the baselines in brown
+        // (our all-reduce, then the norm) and black (NCCL, then the norm).
+        "nccl" | "nccl_then_norm" => RGBColor(0, 0, 0),
+        "oneshot" | "fused_oneshot" => RGBColor(31, 119, 180),
+        "twoshot" | "fused_twoshot" => RGBColor(44, 160, 44),
+        "lamport" | "fused_lamport" => RGBColor(214, 39, 40),
+        "auto" | "fused_auto" => RGBColor(255, 127, 14),
+        "plugin" | "plugin_fused" => RGBColor(148, 103, 189),
+        "ar_then_norm" => RGBColor(140, 86, 75),
         _ => [RGBColor(140, 86, 75), RGBColor(227, 119, 194), RGBColor(23, 190, 207), RGBColor(188, 189, 34)][i % 4],
     }
 }
@@ -94,7 +98,8 @@ fn panel(area: &DrawingArea<BitMapBackend, plotters::coord::Shift>, group: &[&Re
     let mut builder = ChartBuilder::on(area);
     builder.margin(18);
     if text {
-        let title = format!("{} · {} ranks · {} · {}", first.mode, first.ranks, first.dtype, first.device);
+        let what = if first.is_fused() { " · fused AR + residual + RMSNorm" } else { "" };
+        let title = format!("{} · {} ranks · {}{what} · {}", first.mode, first.ranks, first.dtype, first.device);
         builder.caption(title, (FAMILY, 20)).x_label_area_size(48).y_label_area_size(64);
     }
     let mut chart = builder.build_cartesian_2d(x0..x1, (y0..y1).log_scale())?;
@@ -102,8 +107,13 @@ fn panel(area: &DrawingArea<BitMapBackend, plotters::coord::Shift>, group: &[&Re
     let mut mesh = chart.configure_mesh();
     mesh.light_line_style(RGBColor(235, 235, 235)).bold_line_style(RGBColor(205, 205, 205));
     if text {
-        mesh.x_desc("message size (bytes)")
-            .y_desc("µs per all-reduce (graph replay, median)")
+        let (x_desc, y_desc) = if first.is_fused() {
+            ("x size (tokens · hidden · element bytes)", "µs per fused op (graph replay, median)")
+        } else {
+            ("message size (bytes)", "µs per all-reduce (graph replay, median)")
+        };
+        mesh.x_desc(x_desc)
+            .y_desc(y_desc)
             .x_labels(if span > 12 { span / 2 + 1 } else { span + 1 })
             .x_label_formatter(&|x| fmt_bytes_short(x.exp2()))
             .y_labels(12)

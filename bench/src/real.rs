@@ -3,9 +3,13 @@
 //! group (`Group::in_process`), AUTO's pick, and the plugin path (`PluginCore::enqueue` after
 //! registering the NCCL communicators, which forms the plugin's own group, as a TensorRT
 //! runtime does). Each device captures its own graph; a batch starts on every device after a
-//! barrier and the batch's time is its slowest device's.
+//! barrier and the batch's time is its slowest device's. The fused sweep (all-reduce, residual,
+//! RMSNorm) runs after the plain one on the same threads, groups and communicators: the fused
+//! families, AUTO's pick, AUTO's plain all-reduce then the norm kernel, NCCL then the norm
+//! kernel, and a fused plugin's enqueue.
 
-use crate::case::{path_name, plain_call, Case};
+use crate::case::{fused_call, path_name, plain_call, Case, Shape};
+use crate::fused::{self, FusedBufs, FusedOp};
 use crate::data::{self, dtype_name, trt_code, OutputCheck};
 use crate::gpu::{self, memset_async, Context, DevBuf, Gate, Res, Timer};
 use crate::measure::{self, Fatal, Gated, Meeting, Member, Runner, Sink, Team};
@@ -14,8 +18,8 @@ use crate::record::{Record, Status};
 use crate::stats::fmt_bytes;
 use crate::Plan;
 use cudarc::driver::{CudaContext, CudaStream};
-use edgellm_allreduce::fields::PluginConfig;
-use edgellm_allreduce::kernels::Family;
+use edgellm_allreduce::fields::{FusionOp, PluginConfig};
+use edgellm_allreduce::kernels::{DeviceKernels, Family};
 use edgellm_allreduce::plugin::PluginCore;
 use edgellm_allreduce::strategy::{self, Capability, Path, Requested};
 use edgellm_allreduce::tensor::DataType;
@@ -39,6 +43,8 @@ struct Shared<'a> {
     ctxs: Vec<Arc<CudaContext>>,
     meeting: Meeting,
     reference: RwLock<Vec<f64>>,
+    /// The fused sweep's references of the current (dtype, shape): (residual_out, normed).
+    fused_reference: RwLock<(Vec<f64>, Vec<f64>)>,
     /// The direct rows' group, or why there is none.
     group: Result<Group, String>,
     nccl: Option<&'a Nccl>,
@@ -88,8 +94,57 @@ impl Shared<'_> {
                 let cap = group.as_ref().map(|(g, _)| &**g as &dyn Capability);
                 Ok((Launch::Plugin, path_name(strategy::choose(strategy::requested(&config), &call, cap).path)))
             }
+            _ => Err("a fused row".into()),
         }
     }
+
+    /// What a fused row runs at this shape (and the path it takes), or why it cannot run.
+    fn plan_fused(&self, case: Case, dtype: DataType, shape: &Shape) -> Result<(FusedOp, &'static str), String> {
+        let call = fused_call(self.nranks, dtype, shape);
+        let nccl_norm = |why: &str| match &self.comms {
+            Ok(_) => Ok((FusedOp::NcclThenNorm, "nccl")),
+            Err(e) => Err(format!("{why}{e}")),
+        };
+        let op = |op: FusedOp| Ok((op, fused::path_of(op)));
+        match case {
+            Case::Fused(f) => match &self.group {
+                Err(e) => Err(e.clone()),
+                Ok(g) if g.serves_message(f, dtype, &call.message) => op(FusedOp::Fused(f)),
+                Ok(g) => Err(format!("{} does not take {} rows of {} with this workspace ({})", case.name(), shape.tokens, shape.hidden, fmt_bytes(f.max_bytes(g.max_bytes)))),
+            },
+            Case::FusedAuto => match strategy::choose(Requested::Auto, &call, self.capability()).path {
+                Path::Custom(f) => op(FusedOp::Fused(f)),
+                _ => nccl_norm("AUTO picks NCCL then the norm kernel here, and "),
+            },
+            Case::ArThenNorm => match strategy::choose(Requested::Auto, &plain_call(self.nranks, dtype, call.message.bytes), self.capability()).path {
+                Path::Custom(f) => op(FusedOp::ArThenNorm(f)),
+                _ => Err("AUTO picks NCCL for the plain all-reduce of this size (that is the nccl_then_norm row)".into()),
+            },
+            Case::NcclThenNorm => nccl_norm(""),
+            Case::PluginFused => {
+                if !self.registered {
+                    return Err(match &self.comms {
+                        Err(e) => format!("the plugin runs on registered NCCL communicators, and {e}"),
+                        Ok(_) => "registering the communicators with the plugin library failed".into(),
+                    });
+                }
+                // The fused plugin's own decision, as its enqueue will make it on `devices[0]`.
+                let config = fused_config(self.nranks, shape.bias).map_err(|e| e.to_string())?;
+                let group = workspace::group_for(self.devices[0]);
+                let cap = group.as_ref().map(|(g, _)| &**g as &dyn Capability);
+                Ok((FusedOp::Plugin, path_name(strategy::choose(strategy::requested(&config), &call, cap).path)))
+            }
+            _ => Err("not a fused row".into()),
+        }
+    }
+}
+
+/// A fused plugin's configuration: AUTO, fusion_op RESIDUAL_RMS_NORM, default eps.
+fn fused_config(tp_size: i32, has_bias: bool) -> edgellm_allreduce::error::Result<PluginConfig> {
+    let mut c = PluginConfig::with_tp_size(tp_size)?;
+    c.fusion_op = FusionOp::ResidualRmsNorm;
+    c.has_bias = has_bias;
+    Ok(c)
 }
 
 /// One rank's thread: its device, stream, buffers.
@@ -100,6 +155,15 @@ struct Worker<'a> {
     input: DevBuf,
     output: DevBuf,
     core: PluginCore,
+    /// The fused sweep's tensors, kernels and plugins; None when it does not run.
+    fused: Option<WorkerFused>,
+}
+
+struct WorkerFused {
+    bufs: FusedBufs,
+    kernels: Arc<DeviceKernels>,
+    /// Fused plugins without and with a bias input.
+    cores: [PluginCore; 2],
 }
 
 struct RealRun<'a> {
@@ -145,15 +209,157 @@ impl Runner for RealRun<'_> {
     }
 }
 
+/// One fused row on one rank.
+struct RealFusedRun<'a> {
+    w: &'a Worker<'a>,
+    f: &'a WorkerFused,
+    op: FusedOp,
+    dtype: DataType,
+    shape: Shape,
+    eps: f32,
+    reference: &'a (Vec<f64>, Vec<f64>),
+}
+
+impl Runner for RealFusedRun<'_> {
+    fn stream(&self) -> &Arc<CudaStream> {
+        &self.w.stream
+    }
+    fn poison(&self) -> Res<()> {
+        self.f.bufs.poison(self.shape.bytes(self.dtype) as usize, &self.w.stream)
+    }
+    fn enqueue(&self) -> Res<()> {
+        let (w, sh, f) = (self.w, self.w.shared, self.f);
+        let stream = w.stream.cu_stream() as usize;
+        let (shape, dtype, count) = (&self.shape, self.dtype, self.shape.count());
+        match self.op {
+            // SAFETY: the buffers hold the shape on this rank's device (fresh allocations:
+            // aligned), its stream; every rank enqueues the same call.
+            FusedOp::Fused(_) | FusedOp::ArThenNorm(_) => unsafe {
+                let group = sh.group.as_ref().expect("planned with a group");
+                fused::enqueue_custom(group, w.rank, self.op, dtype, &f.bufs, shape, self.eps, &f.kernels, stream)
+            },
+            // SAFETY: as above; the norm reads the reduced x from normed and overwrites it in
+            // place, as the plugin's NCCL path does.
+            FusedOp::NcclThenNorm => unsafe {
+                let comm = sh.comms.as_ref().expect("planned with NCCL")[w.rank];
+                let call = f.bufs.call(shape, self.eps);
+                sh.nccl.expect("planned with NCCL").all_reduce(f.bufs.x.ptr, f.bufs.normed.ptr, count, dtype, comm, stream)?;
+                call.launch_norm(&f.kernels, dtype, call.normed, stream).map_err(|e| format!("launch_norm: {e}"))
+            },
+            FusedOp::Plugin => {
+                let code = trt_code(dtype);
+                let mut xd = [0i64; 8];
+                (xd[0], xd[1]) = (shape.tokens as i64, shape.hidden as i64);
+                let mut wd = [0i64; 8];
+                wd[0] = shape.hidden as i64;
+                let x = TensorDesc { nb_dims: 2, dims: xd, dtype: code, format: 0 };
+                let row = TensorDesc { nb_dims: 1, dims: wd, dtype: code, format: 0 };
+                let b = &f.bufs;
+                let mut inputs = vec![x, x, row];
+                let mut ptrs = vec![b.x.ptr as usize, b.residual.ptr as usize, b.gamma.ptr as usize];
+                if shape.bias {
+                    inputs.push(row);
+                    ptrs.push(b.bias.ptr as usize);
+                }
+                let core = &f.cores[shape.bias as usize];
+                core.enqueue(&inputs, &[x, x], &ptrs, &[b.normed.ptr as usize, b.residual_out.ptr as usize], stream)
+                    .map_err(|e| format!("PluginCore::enqueue (fused): {e}"))
+            }
+        }
+    }
+    fn check(&self) -> Res<Vec<OutputCheck>> {
+        let out = self.f.bufs.download(self.shape.bytes(self.dtype) as usize)?;
+        Ok(data::check_fused(&out.0, &out.1, self.reference, self.dtype).to_vec())
+    }
+}
+
+/// The fused sweep on one rank's thread: per (dtype, shape) fresh inputs and the fp64
+/// references (rank 0 computes them once every rank has added its x), then every fused row.
+fn fused_sweep(shared: &Shared, w: &Worker, f: &WorkerFused, team: &Member, timer: &Timer, gated: Option<Gated>) -> Result<(), Fatal> {
+    let (plan, rank, n) = (shared.plan, w.rank, shared.nranks);
+    let s = &plan.settings;
+    let eps = fused::eps();
+    let message = |m: String| {
+        if rank == 0 {
+            shared.sink.lock().unwrap().message(m);
+        }
+    };
+    for &dtype in &plan.dtypes {
+        for shape in &plan.shapes {
+            let (count, bytes) = (shape.count(), shape.bytes(dtype));
+            let label = format!("real {n} ranks {} {}", dtype_name(dtype), shape.label());
+            message(format!("{label}: data"));
+            if rank == 0 {
+                shared.sink.lock().unwrap().step(label.clone());
+                *shared.reference.write().unwrap() = vec![0f64; count];
+            }
+            team.barrier();
+            let x = data::generate(count, dtype, data::seed(n, bytes, rank), None);
+            data::accumulate(&x, dtype, &mut shared.reference.write().unwrap());
+            let inputs = data::shared_inputs(n, dtype, shape.tokens, shape.hidden, shape.bias);
+            let uploaded = f.bufs.upload(&x, &inputs);
+            drop(x);
+            // Also the point after which every rank's x is in the sum.
+            let failed: Vec<Option<String>> = team.gather(uploaded.err());
+            if let Some((r, e)) = failed.into_iter().enumerate().find_map(|(r, e)| e.map(|e| (r, e))) {
+                return Err(Fatal(format!("rank {r}: uploading the fused inputs: {e}")));
+            }
+            if rank == 0 {
+                let reference = data::fused_reference(&shared.reference.read().unwrap(), &inputs, shape.hidden, eps);
+                *shared.fused_reference.write().unwrap() = reference;
+            }
+            team.barrier();
+            let reference = shared.fused_reference.read().unwrap();
+            for &case in &plan.fused_cases {
+                let mut r = Record::new("real", n, dtype_name(dtype), bytes, case.name(), &shared.label);
+                r.shape = shape.label();
+                match shared.plan_fused(case, dtype, shape) {
+                    Err(why) => {
+                        if rank == 0 {
+                            r.note = why;
+                            shared.sink.lock().unwrap().push(r, true);
+                        }
+                    }
+                    Ok((op, path)) => {
+                        message(format!("{label} {}", case.name()));
+                        let runner = RealFusedRun { w, f, op, dtype, shape: *shape, eps, reference: &reference };
+                        let m = measure::measure(&runner, team, timer, s, gated)?;
+                        if rank == 0 {
+                            r.path = path.into();
+                            m.fill(&mut r, s, None);
+                            shared.sink.lock().unwrap().push(r, true);
+                        }
+                    }
+                }
+            }
+            drop(reference);
+        }
+    }
+    Ok(())
+}
+
 fn worker(shared: &Shared, rank: usize) -> Result<(), Fatal> {
     let team = Member { meeting: &shared.meeting, rank };
     let plan = shared.plan;
     let s = &plan.settings;
     let ctx = &shared.ctxs[rank];
-    let buf_bytes = *plan.sizes.iter().max().unwrap_or(&1) as usize;
+    let buf_bytes = plan.sizes.iter().max().map_or(1, |&b| b as usize);
     let setup = (|| -> Res<(Worker, Timer)> {
         ctx.bind_to_thread().ctx("binding the context")?;
         let core = PluginCore::new(PluginConfig::with_tp_size(shared.nranks).map_err(|e| e.to_string())?).map_err(|e| e.to_string())?;
+        let fused = if plan.fused_cases.is_empty() {
+            None
+        } else {
+            let max_elem = plan.dtypes.iter().map(|d| d.size()).max().unwrap_or(2);
+            let max_bytes = plan.shapes.iter().map(|sh| sh.count() * max_elem).max().unwrap_or(16);
+            let max_row = plan.shapes.iter().map(|sh| sh.hidden as usize * max_elem).max().unwrap_or(16);
+            let plugin = |bias| fused_config(shared.nranks, bias).and_then(PluginCore::new).map_err(|e| format!("fused plugin: {e}"));
+            Some(WorkerFused {
+                bufs: FusedBufs::new(ctx, max_bytes, max_row)?,
+                kernels: edgellm_allreduce::kernels::for_device(shared.devices[rank]).map_err(|e| format!("loading the kernels: {e}"))?,
+                cores: [plugin(false)?, plugin(true)?],
+            })
+        };
         let w = Worker {
             shared,
             rank,
@@ -161,6 +367,7 @@ fn worker(shared: &Shared, rank: usize) -> Result<(), Fatal> {
             input: DevBuf::new(ctx, buf_bytes)?,
             output: DevBuf::new(ctx, buf_bytes)?,
             core,
+            fused,
         };
         Ok((w, Timer::new(ctx)?))
     })();
@@ -224,7 +431,7 @@ fn worker(shared: &Shared, rank: usize) -> Result<(), Fatal> {
                     Ok((launch, path)) => {
                         message(format!("{label} {}", case.name()));
                         let runner = RealRun { w: &w, launch, dtype, count, reference: &reference };
-                        let m = measure::measure(&runner, &team, &timer, s, gated, dtype)?;
+                        let m = measure::measure(&runner, &team, &timer, s, gated)?;
                         if rank == 0 {
                             r.path = path.into();
                             m.fill(&mut r, s, None);
@@ -235,6 +442,9 @@ fn worker(shared: &Shared, rank: usize) -> Result<(), Fatal> {
             }
             drop(reference);
         }
+    }
+    if let Some(f) = &w.fused {
+        fused_sweep(shared, &w, f, &team, &timer, gated)?;
     }
 
     // Teardown: the plugin's registrations first (its group goes), then the communicators,
@@ -268,15 +478,10 @@ pub fn run(plan: &Plan, nccl: Option<&Nccl>, nccl_note: &str, sink: &Mutex<Sink>
             let e = format!("real mode with {n} ranks needs {n} GPUs (2 or more); this machine has {available}");
             let mut sink = sink.lock().unwrap();
             sink.say(format!("skipped: {e}"));
-            for dtype in &plan.dtypes {
-                for &bytes in &plan.sizes {
-                    for case in &plan.cases {
-                        let mut r = Record::new("real", n, dtype_name(*dtype), bytes, case.name(), "");
-                        r.status = Status::NotApplicable;
-                        r.note = e.clone();
-                        sink.push(r, true);
-                    }
-                }
+            for (dtype, bytes, case, shape) in plan.rows(false).into_iter().chain(plan.rows(true)) {
+                let mut r = Record::new("real", n, dtype_name(dtype), bytes, case.name(), "");
+                (r.status, r.note, r.shape) = (Status::NotApplicable, e.clone(), shape);
+                sink.push(r, true);
             }
             continue;
         }
@@ -339,6 +544,7 @@ pub fn run(plan: &Plan, nccl: Option<&Nccl>, nccl_note: &str, sink: &Mutex<Sink>
             ctxs,
             meeting: Meeting::new(n as usize),
             reference: RwLock::new(Vec::new()),
+            fused_reference: RwLock::new((Vec::new(), Vec::new())),
             group,
             nccl,
             comms,

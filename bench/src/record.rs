@@ -1,5 +1,6 @@
-//! Results: one [`Record`] per (mode, ranks, dtype, bytes, strategy); the CSV file (written as
-//! the run goes, read back by the `plot` and `table` subcommands) and the text table.
+//! Results: one [`Record`] per (mode, ranks, dtype, bytes, strategy), and for the fused sweep
+//! per (mode, ranks, dtype, shape, strategy); the CSV file (written as the run goes, read back
+//! by the `plot` and `table` subcommands) and the text table.
 
 use crate::stats::{busbw_gbps, fmt_bytes, simbw_gbps};
 use std::fmt::Write as _;
@@ -59,6 +60,9 @@ pub struct Record {
     pub batches: u32,
     pub device: String,
     pub note: String,
+    /// Fused rows: the shape, "8x4096" or "8x4096+bias" (tokens x hidden, with a bias input);
+    /// empty for plain rows. `bytes` is then tokens · hidden · element size.
+    pub shape: String,
 }
 
 impl Record {
@@ -82,6 +86,7 @@ impl Record {
             batches: 0,
             device: device.into(),
             note: String::new(),
+            shape: String::new(),
         }
     }
 
@@ -96,15 +101,22 @@ impl Record {
         }
     }
 
-    fn key(&self) -> (String, i32, String) {
-        (self.mode.clone(), self.ranks, self.dtype.clone())
+    /// Whether the row belongs to the fused sweep (its own table block and plot panel).
+    pub fn is_fused(&self) -> bool {
+        !self.shape.is_empty() || crate::case::is_fused_name(&self.strategy)
+    }
+
+    fn key(&self) -> (String, i32, String, bool) {
+        (self.mode.clone(), self.ranks, self.dtype.clone(), self.is_fused())
     }
 }
 
-pub const HEADER: [&str; 18] = [
+/// The CSV's columns; `shape` (the last) may be missing from older files.
+pub const HEADER: [&str; 19] = [
     "mode", "ranks", "dtype", "bytes", "strategy", "path", "status", "median_us", "p10_us", "p90_us", "eager_us",
-    "algbw_GBps", "busbw_GBps", "roof_frac", "replays", "batches", "device", "note",
+    "algbw_GBps", "busbw_GBps", "roof_frac", "replays", "batches", "device", "note", "shape",
 ];
+const OPTIONAL_COLUMNS: usize = 1;
 
 fn quote(field: &str) -> String {
     if field.contains([',', '"', '\n', '\r']) {
@@ -138,6 +150,7 @@ pub fn csv_line(r: &Record) -> String {
         r.batches.to_string(),
         r.device.clone(),
         r.note.clone(),
+        r.shape.clone(),
     ];
     fields.iter().map(|f| quote(f)).collect::<Vec<_>>().join(",")
 }
@@ -176,7 +189,9 @@ pub fn parse_csv(text: &str) -> Result<Vec<Record>, String> {
     let mut rows = split_csv(text).into_iter();
     let header = rows.next().ok_or("empty CSV")?;
     let col = |name: &str| header.iter().position(|h| h == name).ok_or(format!("CSV has no column '{name}'"));
-    let idx: Vec<usize> = HEADER.iter().map(|h| col(h)).collect::<Result<_, _>>()?;
+    let mut idx: Vec<usize> = HEADER[..HEADER.len() - OPTIONAL_COLUMNS].iter().map(|h| col(h)).collect::<Result<_, _>>()?;
+    // A missing optional column reads as empty fields.
+    idx.extend(HEADER[HEADER.len() - OPTIONAL_COLUMNS..].iter().map(|h| col(h).unwrap_or(usize::MAX)));
     let mut out = Vec::new();
     for (line, row) in rows.enumerate() {
         let get = |i: usize| row.get(idx[i]).map(String::as_str).unwrap_or("");
@@ -208,6 +223,7 @@ pub fn parse_csv(text: &str) -> Result<Vec<Record>, String> {
             batches: int(15).unwrap_or(0) as u32,
             device: get(16).into(),
             note: get(17).into(),
+            shape: get(18).into(),
         });
     }
     Ok(out)
@@ -232,9 +248,9 @@ impl CsvWriter {
     }
 }
 
-/// Groups of records by (mode, ranks, dtype), in order of first appearance.
+/// Groups of records by (mode, ranks, dtype, plain or fused), in order of first appearance.
 pub fn groups(records: &[Record]) -> Vec<Vec<&Record>> {
-    let mut keys: Vec<(String, i32, String)> = Vec::new();
+    let mut keys: Vec<(String, i32, String, bool)> = Vec::new();
     for r in records {
         if !keys.contains(&r.key()) {
             keys.push(r.key());
@@ -258,10 +274,21 @@ pub fn is_meta(strategy: &str) -> bool {
     crate::case::Case::parse(strategy).is_some_and(|c| c.is_meta())
 }
 
-/// The fastest correct non-meta row of a (group, size).
+/// A row that may be "best": not AUTO or the plugin (meta), not an unfused baseline.
+fn is_candidate(strategy: &str) -> bool {
+    !crate::case::Case::parse(strategy).is_some_and(|c| c.is_meta() || c.is_baseline())
+}
+
+/// Whether the row's table cell shows the path it took.
+fn shows_path(strategy: &str) -> bool {
+    crate::case::Case::parse(strategy).is_some_and(|c| c.shows_path())
+}
+
+/// The fastest correct candidate row of a (group, size): among nccl/oneshot/twoshot/lamport
+/// (plain), among fused_oneshot/fused_twoshot/fused_lamport (fused).
 pub fn best<'a>(rows: &[&'a Record]) -> Option<&'a Record> {
     rows.iter()
-        .filter(|r| r.status == Status::Ok && !is_meta(&r.strategy) && r.median_us.is_some())
+        .filter(|r| r.status == Status::Ok && is_candidate(&r.strategy) && r.median_us.is_some())
         .min_by(|a, b| a.median_us.unwrap().total_cmp(&b.median_us.unwrap()))
         .copied()
 }
@@ -292,7 +319,7 @@ fn cell(r: Option<&&Record>) -> String {
     match r.status {
         Status::Ok => {
             let t = r.median_us.map(fmt_us).unwrap_or_default();
-            if is_meta(&r.strategy) && !r.path.is_empty() {
+            if shows_path(&r.strategy) && !r.path.is_empty() {
                 format!("{t} {}", path_tag(&r.path))
             } else {
                 t
@@ -307,11 +334,22 @@ fn cell(r: Option<&&Record>) -> String {
 /// The text table: one block per (mode, ranks, dtype).
 pub fn table(records: &[Record]) -> String {
     let mut out = String::new();
+    let mut any_fused = false;
     for group in groups(records) {
         let first = group[0];
-        let floor = group.iter().find(|r| r.strategy == FLOOR).and_then(|r| r.median_us);
-        let copy = group.iter().find(|r| r.strategy == COPY).and_then(|r| r.algbw_gbps);
+        // floor and copy are filed with the plain rows; a fused block shows them too.
+        let same = |r: &&Record| r.mode == first.mode && r.ranks == first.ranks && r.dtype == first.dtype;
+        let floor = records.iter().filter(same).find(|r| r.strategy == FLOOR).and_then(|r| r.median_us);
+        let copy = records.iter().filter(same).find(|r| r.strategy == COPY).and_then(|r| r.algbw_gbps);
         let names = strategies(&group);
+        if names.is_empty() {
+            continue; // only floor and copy: the plain sweep did not run
+        }
+        if first.is_fused() {
+            any_fused = true;
+            fused_block(&mut out, &group, &names, floor);
+            continue;
+        }
         let sim = first.mode == "sim";
         let _ = write!(out, "\n{} · {} ranks · {}", first.mode, first.ranks, first.dtype);
         if !first.device.is_empty() {
@@ -369,10 +407,82 @@ pub fn table(records: &[Record]) -> String {
             let _ = writeln!(out, "  {} {} at {}: {}", r.strategy, r.status.name(), fmt_bytes(r.bytes), r.note);
         }
     }
-    if !records.is_empty() {
+    if records.iter().any(|r| !r.is_fused() && r.strategy != FLOOR && r.strategy != COPY) {
         out.push_str(LEGEND);
     }
+    if any_fused {
+        out.push_str(FUSED_LEGEND);
+    }
     out
+}
+
+/// Sort key of a fused row: tokens, hidden, bias (from the shape), else bytes.
+fn shape_key(r: &Record) -> (u64, u64, bool, String) {
+    match crate::case::Shape::parse_label(&r.shape) {
+        Some(s) => (s.tokens, s.hidden as u64, s.bias, r.shape.clone()),
+        None => (u64::MAX, r.bytes, false, r.shape.clone()),
+    }
+}
+
+/// One fused block: per shape, every row's µs, the best fused family, and the ratios of the
+/// baselines (and AUTO) over it.
+fn fused_block(out: &mut String, group: &[&Record], names: &[String], floor: Option<f64>) {
+    let first = group[0];
+    let _ = write!(out, "\n{} · {} ranks · {} · fused all-reduce + residual + RMSNorm", first.mode, first.ranks, first.dtype);
+    if !first.device.is_empty() {
+        let _ = write!(out, " · {}", first.device);
+    }
+    if let Some(f) = floor {
+        let _ = write!(out, " · floor {} µs", fmt_us(f));
+    }
+    out.push('\n');
+    let width = |n: &str| n.len().max(10);
+    let _ = write!(out, "{:>14}", "shape");
+    for n in names {
+        let _ = write!(out, " {:>w$}", n, w = width(n));
+    }
+    let _ = write!(out, " {:>13}", "best fused");
+    // (header, row whose time is divided by the best fused one's)
+    let ratios: Vec<(&str, &str)> = [("ar+norm/best", "ar_then_norm"), ("nccl+norm/best", "nccl_then_norm"), ("auto/best", "fused_auto"), ("plugin/best", "plugin_fused")]
+        .into_iter()
+        .filter(|(_, row)| names.iter().any(|n| n == row))
+        .collect();
+    for (h, _) in &ratios {
+        let _ = write!(out, " {h:>w$}", w = h.len().max(9));
+    }
+    out.push('\n');
+    let mut shapes: Vec<&Record> = Vec::new();
+    for r in group {
+        if !shapes.iter().any(|s| s.shape == r.shape && s.bytes == r.bytes) {
+            shapes.push(r);
+        }
+    }
+    shapes.sort_by_key(|r| shape_key(r));
+    for s in shapes {
+        let rows: Vec<&Record> = group.iter().filter(|r| r.shape == s.shape && r.bytes == s.bytes).copied().collect();
+        let label = if s.shape.is_empty() { fmt_bytes(s.bytes) } else { s.shape.clone() };
+        let _ = write!(out, "{label:>14}");
+        for n in names {
+            let _ = write!(out, " {:>w$}", cell(rows.iter().find(|r| &r.strategy == n)), w = width(n));
+        }
+        match best(&rows) {
+            Some(b) => {
+                let _ = write!(out, " {:>13}", b.strategy);
+                for (h, row) in &ratios {
+                    let t = rows.iter().find(|r| &r.strategy == row && r.status == Status::Ok).and_then(|r| r.median_us);
+                    let ratio = t.zip(b.median_us).map_or(String::new(), |(a, m)| format!("{:.2}", a / m));
+                    let _ = write!(out, " {ratio:>w$}", w = h.len().max(9));
+                }
+            }
+            None => {
+                let _ = write!(out, " {:>13}", "-");
+            }
+        }
+        out.push('\n');
+    }
+    for r in group.iter().filter(|r| matches!(r.status, Status::Failed | Status::Error)) {
+        let _ = writeln!(out, "  {} {} at {}: {}", r.strategy, r.status.name(), if r.shape.is_empty() { fmt_bytes(r.bytes) } else { r.shape.clone() }, r.note);
+    }
 }
 
 const LEGEND: &str = "
@@ -380,6 +490,15 @@ const LEGEND: &str = "
 2s twoshot, N nccl). -: not applicable (the CSV's note says why). best: the fastest of nccl/oneshot/twoshot/lamport;
 busbw = S/t·2(N-1)/N of the best; roof% (sim): (N+1)·S/t of the best over the copy roofline; auto/best: AUTO's time
 over the best's. p10/p90, eager times and bandwidths of every row are in the CSV.
+";
+
+const FUSED_LEGEND: &str = "
+Fused blocks: µs per all-reduce + residual (+ bias) + RMSNorm of a tokens x hidden shape (+bias: with a bias input),
+every kernel of the op in one call, median of the graph-replay batches. fused_*: one fused kernel of that family;
+fused_auto / plugin_fused: + the path AUTO / the fused plugin took (N: NCCL then the norm kernel); ar_then_norm: + the
+plain family AUTO picks for the size, then a separate residual + RMSNorm kernel; nccl_then_norm: ncclAllReduce then
+that kernel. best fused: the fastest of fused_oneshot/twoshot/lamport; x/best: that row's time over the best fused one's
+(> 1: fusing saves that factor).
 ";
 
 #[cfg(test)]
@@ -446,5 +565,52 @@ mod tests {
         assert!(t.contains("3.00 L"), "{t}");
         assert!(t.contains("FAILED") && t.contains("auto/best") && t.contains("0.86"), "{t}");
         assert!(!t.contains("     0 B"), "floor is not a size: {t}");
+    }
+
+    fn fused(strategy: &str, shape: &str, us: Option<f64>, path: &str) -> Record {
+        let s = crate::case::Shape::parse_label(shape).unwrap();
+        let mut r = rec(strategy, s.tokens * s.hidden as u64 * 2, us, if us.is_some() { Status::Ok } else { Status::NotApplicable });
+        r.shape = shape.into();
+        r.path = path.into();
+        r
+    }
+
+    #[test]
+    fn fused_rows_get_their_own_block_ratios_and_csv_shape() {
+        let mut records = vec![rec("oneshot", 1024, Some(4.0), Status::Ok)];
+        let mut floor = rec(FLOOR, 0, Some(2.0), Status::Ok);
+        floor.derive_bandwidths(None);
+        records.push(floor);
+        for (shape, k) in [("8x4096", 1.0), ("1x8192+bias", 0.5)] {
+            records.push(fused("fused_oneshot", shape, Some(10.0 * k), "oneshot"));
+            records.push(fused("fused_twoshot", shape, Some(12.0 * k), "twoshot"));
+            records.push(fused("fused_lamport", shape, None, ""));
+            records.push(fused("fused_auto", shape, Some(10.5 * k), "oneshot"));
+            records.push(fused("ar_then_norm", shape, Some(15.0 * k), "lamport"));
+        }
+        let g = groups(&records);
+        assert_eq!(g.len(), 2, "plain and fused blocks");
+        assert!(g[1].iter().all(|r| r.is_fused()) && !g[0].iter().any(|r| r.is_fused()));
+        let t = table(&records);
+        assert!(t.contains("fused all-reduce + residual + RMSNorm"), "{t}");
+        assert!(t.contains("ar+norm/best") && t.contains("auto/best") && !t.contains("nccl+norm/best"), "{t}");
+        let shapes_at: Vec<usize> = ["1x8192+bias", "8x4096"].iter().map(|s| t.find(s).unwrap()).collect();
+        assert!(shapes_at[0] < shapes_at[1], "sorted by tokens: {t}");
+        assert!(t.contains("1.50") && t.contains("1.05"), "ar_then_norm / best and auto / best: {t}");
+        assert!(t.contains("15.0 L") && t.contains("10.5 1s"), "paths: {t}");
+        assert!(t.matches("floor 2.00 µs").count() == 2, "the fused block shows the floor too: {t}");
+        // The shape column round-trips, and a CSV without it still parses.
+        let text = format!("{}\n{}\n", HEADER.join(","), records.iter().map(csv_line).collect::<Vec<_>>().join("\n"));
+        let key = |r: &Record| (r.strategy.clone(), r.shape.clone(), r.bytes, r.path.clone(), r.status, r.median_us);
+        let back = parse_csv(&text).unwrap();
+        assert_eq!(back.iter().map(key).collect::<Vec<_>>(), records.iter().map(key).collect::<Vec<_>>());
+        let old: String = text.lines().map(|l| l.rsplit_once(',').unwrap().0.to_string() + "\n").collect();
+        let back = parse_csv(&old).unwrap();
+        assert_eq!((back.len(), key(&back[0])), (records.len(), key(&records[0])));
+        assert!(back.iter().all(|r| r.shape.is_empty()));
+        // Only fused rows: no plain block, no plain legend.
+        let only: Vec<Record> = records.iter().filter(|r| r.is_fused() || r.strategy == FLOOR).cloned().collect();
+        let t = table(&only);
+        assert!(!t.contains("busbw GB/s") && t.contains("best fused"), "{t}");
     }
 }

@@ -4,9 +4,11 @@
 //! NVLink): this measures the kernels' protocol costs and memory efficiency, not a real
 //! interconnect. `floor` is the same fork/join graph with a 1-byte memset per rank stream in
 //! place of the kernels: the cost of the method itself. `copy` is the roofline: a large
-//! device-to-device copy, counting bytes read plus written.
+//! device-to-device copy, counting bytes read plus written. The fused sweep (all-reduce +
+//! residual + RMSNorm) uses the same groups, streams and fork/join: one fused op per graph.
 
-use crate::case::{path_name, plain_call, Case};
+use crate::case::{fused_call, path_name, plain_call, Case, Shape};
+use crate::fused::{self, FusedBufs, FusedOp};
 use crate::data::{self, dtype_name, OutputCheck};
 use crate::gpu::{self, capture, memset_async, watchdog, Context, DevBuf, Gate, Res, Timer, GATE_MAX_CALLS};
 use crate::measure::{self, Fatal, Gated, Measured, Runner, Settings, Sink, Solo};
@@ -14,7 +16,7 @@ use crate::record::{Record, Status, COPY, FLOOR};
 use crate::stats::{self, fmt_bytes};
 use crate::Plan;
 use cudarc::driver::{sys, CudaContext, CudaEvent, CudaStream};
-use edgellm_allreduce::kernels::Family;
+use edgellm_allreduce::kernels::{DeviceKernels, Family};
 use edgellm_allreduce::strategy::{self, Path, Requested};
 use edgellm_allreduce::tensor::DataType;
 use edgellm_allreduce::workspace::{self, Group};
@@ -99,6 +101,41 @@ impl Runner for SimRun<'_> {
     }
 }
 
+/// One fused row's runner: a custom fused op on every simulated rank.
+struct SimFusedRun<'a> {
+    sim: &'a Sim,
+    bufs: &'a [FusedBufs],
+    op: FusedOp,
+    dtype: DataType,
+    shape: Shape,
+    eps: f32,
+    kernels: &'a DeviceKernels,
+    reference: &'a (Vec<f64>, Vec<f64>),
+}
+
+impl Runner for SimFusedRun<'_> {
+    fn stream(&self) -> &Arc<CudaStream> {
+        &self.sim.origin
+    }
+    fn poison(&self) -> Res<()> {
+        let bytes = self.shape.bytes(self.dtype) as usize;
+        self.bufs.iter().try_for_each(|b| b.poison(bytes, &self.sim.origin))
+    }
+    fn enqueue(&self) -> Res<()> {
+        let sim = self.sim;
+        sim.fork_join(|rank, s| {
+            // SAFETY: the buffers hold the shape (fresh allocations: aligned); every rank of
+            // the group gets the same call, in the same order.
+            unsafe { fused::enqueue_custom(&sim.group, rank, self.op, self.dtype, &self.bufs[rank], &self.shape, self.eps, self.kernels, s.cu_stream() as usize) }
+        })
+    }
+    fn check(&self) -> Res<Vec<OutputCheck>> {
+        let bytes = self.shape.bytes(self.dtype) as usize;
+        let outs = self.bufs.iter().map(|b| b.download(bytes)).collect::<Res<Vec<_>>>()?;
+        Ok(fused::check_all(&outs, self.reference, self.dtype))
+    }
+}
+
 /// Times `launch` alone (one thread, no checks), gated as the rows are: the per-call µs summary.
 fn time_alone(stream: &CudaStream, timer: &Timer, s: &Settings, gate: Option<Gated>, launch: &dyn Fn() -> Res<()>) -> Res<stats::Summary> {
     let gate = gate.filter(|_| s.replays <= GATE_MAX_CALLS);
@@ -165,7 +202,92 @@ fn plan(case: Case, group: &Group, dtype: DataType, bytes: u64) -> Step {
             }
         }
         Case::Nccl | Case::Plugin => Step::Skip("real mode only".into()),
+        _ => Step::Skip("a fused row".into()),
     }
+}
+
+/// What a fused row runs at this shape, or why it cannot.
+fn plan_fused(case: Case, group: &Group, dtype: DataType, shape: &Shape) -> Result<FusedOp, String> {
+    let call = fused_call(group.nranks, dtype, shape);
+    let cap = Some(group as &dyn strategy::Capability);
+    match case {
+        Case::Fused(f) if group.serves_message(f, dtype, &call.message) => Ok(FusedOp::Fused(f)),
+        Case::Fused(f) => Err(format!("{} does not take {} rows of {} with this workspace ({})", case.name(), shape.tokens, shape.hidden, fmt_bytes(f.max_bytes(group.max_bytes)))),
+        Case::FusedAuto => match strategy::choose(Requested::Auto, &call, cap).path {
+            Path::Custom(f) => Ok(FusedOp::Fused(f)),
+            p => Err(format!("AUTO picks {} then the norm kernel here (no NCCL in simulation)", path_name(p))),
+        },
+        Case::ArThenNorm => match strategy::choose(Requested::Auto, &plain_call(group.nranks, dtype, call.message.bytes), cap).path {
+            Path::Custom(f) => Ok(FusedOp::ArThenNorm(f)),
+            p => Err(format!("AUTO picks {} for the plain all-reduce here (no NCCL in simulation)", path_name(p))),
+        },
+        Case::NcclThenNorm | Case::PluginFused => Err("real mode only".into()),
+        _ => Err("not a fused row".into()),
+    }
+}
+
+/// The fused sweep of one rank count: per (dtype, shape) fresh inputs, the fp64 references,
+/// then every fused row.
+#[allow(clippy::too_many_arguments)]
+fn fused_sweep(plan_: &Plan, sim: &Sim, ctx: &Arc<CudaContext>, n: i32, sub: &str, timer: &Timer, gated: Option<Gated>, sink: &Mutex<Sink>) -> Result<(), Fatal> {
+    let fatal = |e: String| Fatal(e);
+    let s = &plan_.settings;
+    let max_elem = plan_.dtypes.iter().map(|d| d.size()).max().unwrap_or(2);
+    let max_bytes = plan_.shapes.iter().map(|sh| sh.count() * max_elem).max().unwrap_or(16);
+    let max_row = plan_.shapes.iter().map(|sh| sh.hidden as usize * max_elem).max().unwrap_or(16);
+    let setup = || -> Res<(Arc<DeviceKernels>, Vec<FusedBufs>)> {
+        let kernels = edgellm_allreduce::kernels::for_device(plan_.device).map_err(|e| format!("loading the kernels: {e}"))?;
+        let bufs = (0..n).map(|_| FusedBufs::new(ctx, max_bytes, max_row)).collect::<Res<Vec<_>>>()?;
+        Ok((kernels, bufs))
+    };
+    let (kernels, bufs) = match setup() {
+        Ok(x) => x,
+        Err(e) => {
+            let mut sink = sink.lock().unwrap();
+            for (dtype, bytes, case, shape) in plan_.rows(true) {
+                let mut r = Record::new("sim", n, dtype_name(dtype), bytes, case.name(), sub);
+                (r.status, r.note, r.shape) = (Status::Error, e.clone(), shape);
+                sink.push(r, true);
+            }
+            return Ok(());
+        }
+    };
+    let eps = fused::eps();
+    for &dtype in &plan_.dtypes {
+        for shape in &plan_.shapes {
+            let (count, bytes) = (shape.count(), shape.bytes(dtype));
+            let label = format!("sim {n} ranks {} {}", dtype_name(dtype), shape.label());
+            sink.lock().unwrap().message(format!("{label}: data"));
+            sink.lock().unwrap().step(label.clone());
+            let shared = data::shared_inputs(n, dtype, shape.tokens, shape.hidden, shape.bias);
+            let mut sum = vec![0f64; count];
+            for (rank, b) in bufs.iter().enumerate() {
+                let x = data::generate(count, dtype, data::seed(n, bytes, rank), Some(&mut sum));
+                b.upload(&x, &shared).map_err(fatal)?;
+            }
+            let reference = data::fused_reference(&sum, &shared, shape.hidden, eps);
+            drop(sum);
+            for &case in &plan_.fused_cases {
+                let mut r = Record::new("sim", n, dtype_name(dtype), bytes, case.name(), sub);
+                r.shape = shape.label();
+                match plan_fused(case, &sim.group, dtype, shape) {
+                    Err(why) => r.note = why,
+                    Ok(op) => {
+                        sink.lock().unwrap().message(format!("{label} {}", case.name()));
+                        r.path = fused::path_of(op).into();
+                        let runner = SimFusedRun { sim, bufs: &bufs, op, dtype, shape: *shape, eps, kernels: &kernels, reference: &reference };
+                        let m: Measured = measure::measure(&runner, &Solo, timer, s, gated)?;
+                        // No roofline fraction: the fused op moves more than the all-reduce's
+                        // nominal traffic.
+                        m.fill(&mut r, s, None);
+                    }
+                }
+                sink.lock().unwrap().push(r, true);
+            }
+        }
+    }
+    sim.origin.synchronize().ctx("synchronize").map_err(fatal)?;
+    Ok(())
 }
 
 pub fn run(plan_: &Plan, sink: &Mutex<Sink>) -> Result<(), Fatal> {
@@ -183,7 +305,7 @@ pub fn run(plan_: &Plan, sink: &Mutex<Sink>) -> Result<(), Fatal> {
     sink.lock().unwrap().message("copy roofline".into());
     let (copy_bytes, copy_t, roof) = roofline(&ctx, &origin, &timer, s, gated).map_err(fatal)?;
     sink.lock().unwrap().say(format!("{device}: copy roofline {roof:.0} GB/s (read + write of {})", fmt_bytes(copy_bytes)));
-    let buf_bytes = *plan_.sizes.iter().max().unwrap_or(&1) as usize;
+    let buf_bytes = plan_.sizes.iter().max().map_or(1, |&b| b as usize);
 
     for &n in &plan_.ranks {
         // Rounded as the library rounds EDGELLM_ALLREDUCE_WORKSPACE_BYTES.
@@ -193,15 +315,10 @@ pub fn run(plan_: &Plan, sink: &Mutex<Sink>) -> Result<(), Fatal> {
             Ok(sim) => sim,
             Err(e) => {
                 let mut sink = sink.lock().unwrap();
-                for dtype in &plan_.dtypes {
-                    for &bytes in &plan_.sizes {
-                        for case in &plan_.cases {
-                            let mut r = Record::new("sim", n, dtype_name(*dtype), bytes, case.name(), &device);
-                            r.status = Status::Error;
-                            r.note = e.clone();
-                            sink.push(r, true);
-                        }
-                    }
+                for (dtype, bytes, case, shape) in plan_.rows(false).into_iter().chain(plan_.rows(true)) {
+                    let mut r = Record::new("sim", n, dtype_name(dtype), bytes, case.name(), &device);
+                    (r.status, r.note, r.shape) = (Status::Error, e.clone(), shape);
+                    sink.push(r, true);
                 }
                 continue;
             }
@@ -259,7 +376,7 @@ pub fn run(plan_: &Plan, sink: &Mutex<Sink>) -> Result<(), Fatal> {
                             sink.lock().unwrap().message(format!("{label} {}", case.name()));
                             r.path = Case::Custom(family).name().into();
                             let runner = SimRun { sim: &sim, family, dtype, count, reference: &reference };
-                            let m: Measured = measure::measure(&runner, &Solo, &timer, s, gated, dtype)?;
+                            let m: Measured = measure::measure(&runner, &Solo, &timer, s, gated)?;
                             m.fill(&mut r, s, Some(roof));
                             sink.lock().unwrap().push(r, true);
                         }
@@ -268,6 +385,9 @@ pub fn run(plan_: &Plan, sink: &Mutex<Sink>) -> Result<(), Fatal> {
             }
         }
         sim.origin.synchronize().ctx("synchronize").map_err(fatal)?;
+        if !plan_.fused_cases.is_empty() {
+            fused_sweep(plan_, &sim, &ctx, n, &sub, &timer, gated, sink)?;
+        }
     }
     Ok(())
 }
