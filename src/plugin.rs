@@ -235,8 +235,8 @@ impl PluginCore {
         }
     }
 
-    /// The fused op: a fused kernel family, or NCCL (all-reduce of x into `normed`) followed by
-    /// one residual + bias + RMSNorm kernel; one rank: that kernel alone.
+    /// The fused op: a fused kernel family, or a plain all-reduce (custom or NCCL) of x into
+    /// `normed` followed by one residual + bias + RMSNorm kernel; one rank: that kernel alone.
     fn enqueue_fused(&self, shape: Shape, call: &FusedCall, stream: usize) -> Result<()> {
         let dtype = shape.dtype;
         if self.config.tp_size <= 1 {
@@ -248,6 +248,15 @@ impl PluginCore {
         match (decision.path, group) {
             // SAFETY: as in enqueue_all_reduce; every tensor is TensorRT's, aligned as checked.
             (Path::Custom(family), Some((group, rank))) => unsafe { group.launch_fused(rank, family, dtype, call, stream) },
+            (Path::Split(family), Some((group, rank))) => {
+                let kernels = kernels::for_device(device)?;
+                // SAFETY: as above; the sum goes into `normed`, which the norm then reads and
+                // overwrites in place (the kernel allows normed == x).
+                unsafe {
+                    group.launch(rank, family, dtype, call.x, call.normed, shape.count, stream)?;
+                    call.launch_norm(&kernels, dtype, call.normed, stream)
+                }
+            }
             _ => {
                 let kernels = kernels::for_device(device)?;
                 // SAFETY: x and normed hold `count` elements; the norm then reads the reduced

@@ -82,25 +82,68 @@ pub const AUTO_TABLE: &[(i32, &[(u64, Option<Family>)])] = &[
     ),
 ];
 
-/// AUTO's table for the fused all-reduce + residual + RMSNorm, by the same keys. From the
-/// one-GPU simulation of the fused kernels (docs/PERFORMANCE.md): the fused Lamport kernel runs
-/// one CTA per token row, so it wins only for few, short rows at 4 ranks and more (8 KiB), and
-/// up to 512 KiB at 2 ranks; the fused one-shot wins the other decode shapes.
-pub const FUSED_AUTO_TABLE: &[(i32, &[(u64, Option<Family>)])] = &[
+/// How AUTO runs the fused all-reduce + residual + RMSNorm at a size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FusedChoice {
+    /// The family's fused kernel.
+    Fused(Family),
+    /// The family's plain all-reduce, then the separate residual + RMSNorm kernel: faster once
+    /// the fused kernels' one-CTA-per-row epilogue is the bottleneck (many tokens).
+    Split(Family),
+    /// NCCL, then the residual + RMSNorm kernel.
+    Nccl,
+}
+
+/// AUTO's table for the fused op, by the same keys as [`AUTO_TABLE`]. 2 ranks: measured on
+/// 2 x H200 (docs/runs/2026-11-29-2xh200-bench-fused-real.txt): the fused Lamport kernel is the
+/// fastest up to 8 x 8192 (6.5 against 7.1 us split at 1 x 4096), the split Lamport from 32 x 4096
+/// on (17.7 against 20.9 us fused at 128 x 8192). 4 and more ranks: from the simulation (fused
+/// Lamport best up to 256 KiB at 4 ranks and 8 KiB at 8, fused one-shot above).
+pub const FUSED_AUTO_TABLE: &[(i32, &[(u64, FusedChoice)])] = &[
     (
         2,
-        &[(512 << 10, Some(Family::Lamport)), (2 << 20, Some(Family::OneShot)), (16 << 20, Some(Family::TwoShot)), (u64::MAX, None)],
+        &[
+            (128 << 10, FusedChoice::Fused(Family::Lamport)),
+            (2 << 20, FusedChoice::Split(Family::Lamport)),
+            (16 << 20, FusedChoice::Split(Family::TwoShot)),
+            (u64::MAX, FusedChoice::Nccl),
+        ],
+    ),
+    (
+        4,
+        &[
+            (256 << 10, FusedChoice::Fused(Family::Lamport)),
+            (2 << 20, FusedChoice::Fused(Family::OneShot)),
+            (8 << 20, FusedChoice::Split(Family::TwoShot)),
+            (u64::MAX, FusedChoice::Nccl),
+        ],
     ),
     (
         16,
-        &[(8 << 10, Some(Family::Lamport)), (2 << 20, Some(Family::OneShot)), (8 << 20, Some(Family::TwoShot)), (u64::MAX, None)],
+        &[
+            (8 << 10, FusedChoice::Fused(Family::Lamport)),
+            (2 << 20, FusedChoice::Fused(Family::OneShot)),
+            (8 << 20, FusedChoice::Split(Family::TwoShot)),
+            (u64::MAX, FusedChoice::Nccl),
+        ],
     ),
 ];
 
-fn auto_family(nranks: i32, message: &Message) -> Option<Family> {
-    let table = if message.rows.is_some() { FUSED_AUTO_TABLE } else { AUTO_TABLE };
+fn row_of<T: Copy>(table: &[(i32, &'static [(u64, T)])], nranks: i32, bytes: u64) -> Option<T> {
     let row = table.iter().find(|(n, _)| nranks <= *n).unwrap_or(&table[table.len() - 1]).1;
-    row.iter().find(|(b, _)| message.bytes <= *b).and_then(|(_, f)| *f)
+    row.iter().find(|(b, _)| bytes <= *b).map(|(_, c)| *c)
+}
+
+/// AUTO's choice for a call, as a fused choice (a plain all-reduce is never split).
+fn auto_choice(nranks: i32, message: &Message) -> FusedChoice {
+    if message.rows.is_some() {
+        row_of(FUSED_AUTO_TABLE, nranks, message.bytes).unwrap_or(FusedChoice::Nccl)
+    } else {
+        match row_of(AUTO_TABLE, nranks, message.bytes).flatten() {
+            Some(f) => FusedChoice::Fused(f),
+            None => FusedChoice::Nccl,
+        }
+    }
 }
 
 /// What the custom kernels can do for this call (implemented by `workspace::Group`).
@@ -136,6 +179,8 @@ pub enum Path {
     /// The registered `ncclAllReduce`.
     Nccl,
     Custom(Family),
+    /// The fused op as the family's plain all-reduce, then the residual + RMSNorm kernel.
+    Split(Family),
 }
 
 /// Why a custom family did not run.
@@ -188,16 +233,18 @@ pub fn choose(requested: Requested, call: &Call, group: Option<&dyn Capability>)
     if !call.aligned {
         return decide(Path::Nccl, Some(Fallback::Unaligned));
     }
-    let first = if requested == Requested::Auto {
-        match auto_family(group.nranks(), &call.message) {
-            Some(f) => f,
-            None => return decide(Path::Nccl, None),
-        }
-    } else {
-        families[0]
+    // The families to try, smallest first from the one asked for, and how they run.
+    let (first, split) = match (requested, auto_choice(group.nranks(), &call.message)) {
+        (Requested::Auto, FusedChoice::Nccl) => return decide(Path::Nccl, None),
+        (Requested::Auto, FusedChoice::Fused(f)) => (f, false),
+        (Requested::Auto, FusedChoice::Split(f)) => (f, true),
+        _ => (families[0], false),
     };
+    let plain = Message { rows: None, ..call.message };
     let start = families.iter().position(|f| *f == first).unwrap_or(0);
-    match families[start..].iter().find(|f| group.serves(**f, call.dtype, &call.message)) {
+    let served = families[start..].iter().find(|f| group.serves(**f, call.dtype, if split { &plain } else { &call.message }));
+    match served {
+        Some(f) if split => decide(Path::Split(*f), None),
         Some(f) => decide(Path::Custom(*f), None),
         None if requested == Requested::Auto => decide(Path::Nccl, None),
         None => decide(Path::Nccl, Some(Fallback::NotServed)),
@@ -261,7 +308,10 @@ mod tests {
             aligned: true,
         };
         assert_eq!(choose(Requested::Auto, &fused(2, 1, 4096), Some(&GROUP2)).path, Path::Custom(Family::Lamport));
-        assert_eq!(choose(Requested::Auto, &fused(2, 128, 8192), Some(&GROUP2)).path, Path::Custom(Family::OneShot));
+        assert_eq!(choose(Requested::Auto, &fused(2, 8, 8192), Some(&GROUP2)).path, Path::Custom(Family::Lamport));
+        assert_eq!(choose(Requested::Auto, &fused(2, 128, 8192), Some(&GROUP2)).path, Path::Split(Family::Lamport));
+        assert_eq!(choose(Requested::Auto, &fused(2, 1024, 4096), Some(&GROUP2)).path, Path::Split(Family::TwoShot));
+        assert_eq!(choose(Requested::OneShot, &fused(2, 128, 8192), Some(&GROUP2)).path, Path::Custom(Family::OneShot), "forced: fused");
         assert_eq!(choose(Requested::Auto, &fused(8, 1, 4096), Some(&GROUP8)).path, Path::Custom(Family::Lamport));
         assert_eq!(choose(Requested::Auto, &fused(8, 1, 8192), Some(&GROUP8)).path, Path::Custom(Family::OneShot));
         assert_eq!(choose(Requested::Auto, &fused(8, 1024, 8192), Some(&GROUP8)).path, Path::Nccl, "16 MiB");

@@ -33,9 +33,11 @@ pub fn max_message_bytes(nranks: i32) -> u64 {
     }
 }
 
-/// Default grid cap of a real group (one rank per GPU); `EDGELLM_ALLREDUCE_MAX_BLOCKS` overrides.
+/// Default grid cap of a real group (one rank per GPU): 64, the kernels' maximum; on 2 x H200
+/// it took the two-shot from 73 to 61 us at 16 MiB and from 294 to 243 us at 64 MiB against 32
+/// (docs/PERFORMANCE.md). `EDGELLM_ALLREDUCE_MAX_BLOCKS` overrides.
 fn default_max_blocks() -> u32 {
-    std::env::var("EDGELLM_ALLREDUCE_MAX_BLOCKS").ok().and_then(|v| v.parse().ok()).unwrap_or(32)
+    std::env::var("EDGELLM_ALLREDUCE_MAX_BLOCKS").ok().and_then(|v| v.parse().ok()).unwrap_or(kernels::MAX_BLOCKS)
 }
 
 /// A message as the kernels see it: its bytes, and for the fused op its rows.
@@ -175,10 +177,11 @@ impl Group {
     }
 
     /// `nranks` simulated ranks on one device, for tests and benchmarks. Each rank's grid is
-    /// capped at SMs / nranks so that all ranks' CTAs are co-resident (they spin on each other).
+    /// capped at SMs / nranks so that all ranks' CTAs are co-resident (they spin on each other),
+    /// and at 32 as the simulation has always run.
     pub fn simulated(device: i32, nranks: i32, max_bytes: u64) -> Result<Group> {
         let sms = kernels::for_device(device)?.sm_count as u32;
-        let max_blocks = default_max_blocks().min((sms / nranks.max(1) as u32).max(1));
+        let max_blocks = default_max_blocks().min(32).min((sms / nranks.max(1) as u32).max(1));
         Self::allocate(&vec![device; nranks.max(0) as usize], max_bytes, max_blocks)
     }
 

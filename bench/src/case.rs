@@ -242,6 +242,7 @@ pub fn path_name(path: edgellm_allreduce::strategy::Path) -> &'static str {
         Path::Copy => "copy",
         Path::Nccl => "nccl",
         Path::Custom(f) => Case::Custom(f).name(),
+        Path::Split(f) => Case::Custom(f).name(),
     }
 }
 

@@ -114,6 +114,7 @@ impl Shared<'_> {
             },
             Case::FusedAuto => match strategy::choose(Requested::Auto, &call, self.capability()).path {
                 Path::Custom(f) => op(FusedOp::Fused(f)),
+                Path::Split(f) => op(FusedOp::ArThenNorm(f)),
                 _ => nccl_norm("AUTO picks NCCL then the norm kernel here, and "),
             },
             Case::ArThenNorm => match strategy::choose(Requested::Auto, &plain_call(self.nranks, dtype, call.message.bytes), self.capability()).path {

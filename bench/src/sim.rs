@@ -215,6 +215,7 @@ fn plan_fused(case: Case, group: &Group, dtype: DataType, shape: &Shape) -> Resu
         Case::Fused(f) => Err(format!("{} does not take {} rows of {} with this workspace ({})", case.name(), shape.tokens, shape.hidden, fmt_bytes(f.max_bytes(group.max_bytes)))),
         Case::FusedAuto => match strategy::choose(Requested::Auto, &call, cap).path {
             Path::Custom(f) => Ok(FusedOp::Fused(f)),
+            Path::Split(f) => Ok(FusedOp::ArThenNorm(f)),
             p => Err(format!("AUTO picks {} then the norm kernel here (no NCCL in simulation)", path_name(p))),
         },
         Case::ArThenNorm => match strategy::choose(Requested::Auto, &plain_call(group.nranks, dtype, call.message.bytes), cap).path {
