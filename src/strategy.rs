@@ -63,15 +63,16 @@ pub fn requested(config: &PluginConfig) -> Requested {
 /// AUTO's choice by rank count (first row whose bound is >= the group's ranks) and message size
 /// (first entry whose bound is >= the bytes); `None` is NCCL.
 ///
-/// 2 ranks: measured on 2 x H200 (NV18), bf16, graph replay (docs/PERFORMANCE.md,
+/// 2 ranks: measured on 2 x H200 (NV18), bf16, graph replay, 64 CTAs (docs/PERFORMANCE.md,
 /// docs/runs/2026-11-29-2xh200-bench-real.txt): Lamport is the fastest family up to its 2 MiB
-/// cap (7.9 us at 512 KiB against 9.9 one-shot; 14.7 at 2 MiB against 16.1 two-shot), two-shot
-/// from 4 to 16 MiB (39.5 us at 8 MiB against NCCL's 49.4), NCCL above (139 at 32 MiB against
-/// two-shot's 146). 4 and more ranks: provisional, from the one-GPU simulation (Lamport best up
-/// to 512 KiB at 4 ranks, 128 KiB at 8) and published crossovers (vLLM: one-shot up to 512 KB
-/// at 4 ranks, 256 KB at 8), not yet measured on 4 or 8 real GPUs.
+/// cap (6.6 us at 512 KiB against 8.2 one-shot; 11.9 at 2 MiB against 13.9), two-shot from
+/// 4 MiB to 64 MiB (61.0 us at 16 MiB against NCCL's 79.1; 244 at 64 MiB against 247), NCCL
+/// above (the workspace rarely goes past 64 MiB). 4 and more ranks: provisional, from the
+/// one-GPU simulation (Lamport best up to 512 KiB at 4 ranks, 128 KiB at 8) and published
+/// crossovers (vLLM: one-shot up to 512 KB at 4 ranks, 256 KB at 8), not yet measured on 4 or
+/// 8 real GPUs.
 pub const AUTO_TABLE: &[(i32, &[(u64, Option<Family>)])] = &[
-    (2, &[(2 << 20, Some(Family::Lamport)), (16 << 20, Some(Family::TwoShot)), (u64::MAX, None)]),
+    (2, &[(2 << 20, Some(Family::Lamport)), (64 << 20, Some(Family::TwoShot)), (u64::MAX, None)]),
     (
         4,
         &[(256 << 10, Some(Family::Lamport)), (1 << 20, Some(Family::OneShot)), (8 << 20, Some(Family::TwoShot)), (u64::MAX, None)],
@@ -95,9 +96,9 @@ pub enum FusedChoice {
 }
 
 /// AUTO's table for the fused op, by the same keys as [`AUTO_TABLE`]. 2 ranks: measured on
-/// 2 x H200 (docs/runs/2026-11-29-2xh200-bench-fused-real.txt): the fused Lamport kernel is the
-/// fastest up to 8 x 8192 (6.5 against 7.1 us split at 1 x 4096), the split Lamport from 32 x 4096
-/// on (17.7 against 20.9 us fused at 128 x 8192). 4 and more ranks: from the simulation (fused
+/// 2 x H200 (docs/runs/2026-11-29-2xh200-bench-fused-real-32blocks.txt, then -fused-real.txt
+/// with 64 CTAs): the fused Lamport kernel is the fastest up to 8 x 8192 (6.2 against 6.7 us
+/// split at 1 x 4096), the split Lamport from 32 x 8192 on (9.8 against 11.2 us fused). 4 and more ranks: from the simulation (fused
 /// Lamport best up to 256 KiB at 4 ranks and 8 KiB at 8, fused one-shot above).
 pub const FUSED_AUTO_TABLE: &[(i32, &[(u64, FusedChoice)])] = &[
     (
@@ -289,11 +290,12 @@ mod tests {
         assert_eq!(at(&GROUP2, 15 << 20), Path::Custom(Family::TwoShot));
         assert_eq!(at(&GROUP2, 64 << 20), Path::Nccl, "over the workspace");
         let huge = Fake { nranks: 2, max_bytes: 1 << 30 };
-        assert_eq!(at(&huge, 32 << 20), Path::Nccl, "NCCL is faster there even when the workspace holds it");
+        assert_eq!(at(&huge, 32 << 20), Path::Custom(Family::TwoShot), "a large workspace keeps two-shot to 64 MiB");
+        assert_eq!(at(&huge, 128 << 20), Path::Nccl, "NCCL above 64 MiB even when the workspace holds it");
         assert_eq!(at(&GROUP8, 32 << 10), Path::Custom(Family::Lamport));
         assert_eq!(at(&GROUP8, 128 << 10), Path::Custom(Family::OneShot));
         assert_eq!(at(&GROUP8, 4 << 20), Path::Custom(Family::TwoShot));
-        let d = choose(Requested::Auto, &call(2, 32 << 20), Some(&Fake { nranks: 2, max_bytes: 1 << 30 }));
+        let d = choose(Requested::Auto, &call(2, 128 << 20), Some(&Fake { nranks: 2, max_bytes: 1 << 30 }));
         assert_eq!((d.path, d.fallback), (Path::Nccl, None));
         let d = choose(Requested::Auto, &call(2, 64 << 20), Some(&GROUP2));
         assert_eq!(d.fallback, None, "NCCL above the workspace is AUTO's choice, not a fallback");
