@@ -41,8 +41,10 @@ EDGELLM_PLUGIN_EXPORT void* getNcclCommForDevice(int deviceId) noexcept;
 EDGELLM_PLUGIN_EXPORT void* getNcclAllReduceFunc() noexcept;
 
 //! Tensor-parallel all-reduce (sum) of one activation tensor. A copy when tp_size is 1; the
-//! registered NCCL communicator (or, where they serve, the library's intra-node kernels)
-//! otherwise. Fields: tp_size (INT32, required), strategy, config, fusion_op (INT32), eps (FLOAT32).
+//! library's intra-node kernels where they serve, the registered NCCL communicator otherwise.
+//! Fields: tp_size (INT32, required), strategy, config, fusion_op, has_bias (INT32), eps
+//! (FLOAT32). With fusion_op RESIDUAL_RMS_NORM the inputs are (x, residual, gamma[, bias]) and
+//! the outputs (normed, residual_out).
 class EDGELLM_PLUGIN_EXPORT AllReducePlugin : public nvinfer1::IPluginV3,
                                               public nvinfer1::IPluginV3OneCore,
                                               public nvinfer1::IPluginV3OneBuild,
