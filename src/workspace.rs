@@ -285,9 +285,12 @@ pub fn group_for(device: i32) -> Option<(Arc<Group>, i32)> {
 pub fn forget(device: i32) {
     let mut guard = groups();
     let map = guard.get_or_insert_with(HashMap::new);
-    if let Some((group, _)) = map.get(&device).cloned() {
-        map.retain(|_, (g, _)| !Arc::ptr_eq(g, &group));
-    }
+    let Some((group, _)) = map.get(&device).cloned() else { return };
+    map.retain(|_, (g, _)| !Arc::ptr_eq(g, &group));
+    // Release the lock before the (possibly last) reference goes: freeing waits for the devices,
+    // and enqueue on other threads must not wait for that.
+    drop(guard);
+    drop(group);
 }
 
 /// Whether the custom kernels are switched off for the whole process.
