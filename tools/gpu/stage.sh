@@ -10,6 +10,6 @@ archs=$(grep -oP '^EDGELLM_CUDA_ARCHS:STRING=\K.*' "$root/build/CMakeCache.txt")
 rust_test=$(cd "$root" && EDGELLM_CUDA_ARCHS=${archs//;/,} cargo test --release --no-run 2>&1 |
   grep -oP 'Executable tests/gpu_simulated_ranks.rs \(\K[^)]+')
 cp "$root/$rust_test" "$root/.carry/rust_gpu_simulated_ranks"
-SIM_OUT="$root/.carry" "$root/tests/gpu/kernels/build_and_run.sh" --help >/dev/null
+SIM_OUT="$root/.carry" SIM_BUILD_ONLY=1 "$root/tests/gpu/kernels/build_and_run.sh"
 strip "$root/.carry"/edgellm_plugin_tests_trt* "$root/.carry/rust_gpu_simulated_ranks"
 du -sh "$root/.carry"

@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# Builds the one-GPU N-rank simulation of the all-reduce kernels and runs it.
-#   tests/gpu/kernels/build_and_run.sh [sim_ranks options]    e.g. --quick, --one-launch
-#   tests/gpu/kernels/build_and_run.sh sanitize               memcheck + racecheck, --quick
-# nvcc comes from $CUDA_HOME/bin, else PATH. SIM_ARCH overrides the target (default sm_90).
+# Builds a one-GPU N-rank simulation of the kernels and runs it: sim_ranks (the all-reduce
+# kernels), or with SIM_NAME=sim_fused (build_and_run_fused.sh) the fused all-reduce +
+# residual + RMSNorm kernels.
+#   tests/gpu/kernels/build_and_run.sh [options]    e.g. --quick, --one-launch, --no-timing
+#   tests/gpu/kernels/build_and_run.sh sanitize     memcheck + racecheck on --quick --one-launch
+# nvcc comes from $CUDA_HOME/bin, else PATH. SIM_ARCH overrides the target (default sm_90),
+# SIM_OUT the output folder; SIM_BUILD_ONLY=1 builds without running.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
+name=${SIM_NAME:-sim_ranks}
 if [ -n "${CUDA_HOME:-}" ] && [ -x "$CUDA_HOME/bin/nvcc" ]; then
   nvcc="$CUDA_HOME/bin/nvcc"
 else
@@ -16,7 +20,8 @@ cuda_root=$(cd "$(dirname "$nvcc")/.." && pwd)
 libs=()
 for d in "$cuda_root/lib64" "$cuda_root/lib"; do [ -d "$d" ] && libs+=("-L$d"); done
 "$nvcc" -O3 -std=c++17 -arch="${SIM_ARCH:-sm_90}" -lineinfo -Werror all-warnings "${libs[@]}" \
-  "$here/sim_ranks.cu" -o "$out/sim_ranks"
+  "$here/$name.cu" -o "$out/$name"
+[ "${SIM_BUILD_ONLY:-0}" = 1 ] && exit 0
 
 if [ "${1:-}" = sanitize ]; then
   san=$(dirname "$nvcc")/compute-sanitizer
@@ -27,9 +32,8 @@ if [ "${1:-}" = sanitize ]; then
   # deadlock ranks that spin on each other from separate streams.
   for tool in memcheck racecheck; do
     echo "== compute-sanitizer --tool $tool"
-    "$san" --tool "$tool" --error-exitcode 9 "$out/sim_ranks" --quick --one-launch \
-      --timeout 300 "$@" || rc=$?
+    "$san" --tool "$tool" --error-exitcode 9 "$out/$name" --quick --one-launch --timeout 300 "$@" || rc=$?
   done
   exit $rc
 fi
-exec "$out/sim_ranks" "$@"
+exec "$out/$name" "$@"

@@ -164,3 +164,30 @@ static void report(bool ok, const char* fmt, ...) {
   std::fflush(stdout);
   (ok ? g_pass : g_fail)++;
 }
+
+// Command line and device setup shared by the simulations: --quick, --one-launch, --no-timing,
+// --timeout SECONDS. Returns false (after printing the usage) on anything else.
+struct SimOptions {
+  bool quick = false, one_launch = false, timing = true;
+};
+inline bool sim_start(int argc, char** argv, SimOptions* o) {
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--quick")) o->quick = true;
+    else if (!std::strcmp(argv[i], "--one-launch")) o->one_launch = true;
+    else if (!std::strcmp(argv[i], "--no-timing")) o->timing = false;
+    else if (!std::strcmp(argv[i], "--timeout") && i + 1 < argc) g_timeout_s = std::atof(argv[++i]);
+    else {
+      std::printf("usage: %s [--quick] [--one-launch] [--timeout SECONDS] [--no-timing]\n", argv[0]);
+      return false;
+    }
+  }
+  // Up to 16 rank streams must run concurrently: the default of 8 hardware queues would
+  // make two ranks share one queue, serialize their kernels and deadlock the spin-waits.
+  setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 1);
+  CK(cudaSetDevice(0));
+  cudaDeviceProp prop;
+  CK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device %s, %d SMs, mode %s%s\n", prop.name, prop.multiProcessorCount,
+              o->quick ? "quick" : "full", o->one_launch ? ", one launch for all ranks" : ", one stream per rank");
+  return true;
+}

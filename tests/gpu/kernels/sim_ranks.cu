@@ -536,25 +536,9 @@ static void time_case(Sim& s, int fam, int dt, uint64_t bytes) {
 }
 
 int main(int argc, char** argv) {
-  bool quick = false, one_launch = false, timing = true;
-  for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--quick")) quick = true;
-    else if (!std::strcmp(argv[i], "--one-launch")) one_launch = true;
-    else if (!std::strcmp(argv[i], "--no-timing")) timing = false;
-    else if (!std::strcmp(argv[i], "--timeout") && i + 1 < argc) g_timeout_s = std::atof(argv[++i]);
-    else {
-      std::printf("usage: %s [--quick] [--one-launch] [--timeout SECONDS] [--no-timing]\n", argv[0]);
-      return 2;
-    }
-  }
-  // Up to 16 rank streams must run concurrently: the default of 8 hardware queues would
-  // make two ranks share one queue, serialize their kernels and deadlock the spin-waits.
-  setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 1);
-  CK(cudaSetDevice(0));
-  cudaDeviceProp prop;
-  CK(cudaGetDeviceProperties(&prop, 0));
-  std::printf("device %s, %d SMs, mode %s%s\n", prop.name, prop.multiProcessorCount,
-              quick ? "quick" : "full", one_launch ? ", one launch for all ranks" : ", one stream per rank");
+  SimOptions opt;
+  if (!sim_start(argc, argv, &opt)) return 2;
+  const bool quick = opt.quick, one_launch = opt.one_launch, timing = opt.timing;
 
   const std::vector<int> ns = quick ? std::vector<int>{2, 4} : std::vector<int>{2, 4, 6, 8, 16};
   const std::vector<uint64_t> counts =
