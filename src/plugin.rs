@@ -132,7 +132,19 @@ impl PluginCore {
     }
 
     pub fn configure(&mut self, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
-        expect_io(self, inputs.len(), outputs.len())
+        expect_io(self, inputs.len(), outputs.len())?;
+        self.preload_kernels();
+        Ok(())
+    }
+
+    /// The fused op may run the residual + RMSNorm kernel without a group (one rank, or after
+    /// NCCL): load the current device's kernels now, at setup, so that the first enqueue (maybe
+    /// under CUDA-graph capture) finds them loaded. Best effort: without a GPU there is nothing to
+    /// load, and enqueue reports that.
+    fn preload_kernels(&self) {
+        if self.fused() {
+            let _ = cuda::current_device().and_then(kernels::for_device);
+        }
     }
 
     pub fn workspace_size(&self) -> usize {
@@ -140,7 +152,9 @@ impl PluginCore {
     }
 
     pub fn on_shape_change(&mut self, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
-        self.check_run_time_io(inputs, outputs).map(|_| ())
+        self.check_run_time_io(inputs, outputs)?;
+        self.preload_kernels();
+        Ok(())
     }
 
     /// Validates run-time descriptors.
