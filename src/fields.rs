@@ -55,7 +55,8 @@ impl PluginConfig {
     /// Edge-LLM's plugin: only `tp_size` given, every other field at its default.
     pub fn with_tp_size(tp_size: i32) -> Result<Self> {
         let mut config = Self::defaults();
-        set_tp_size(&mut config, Value::Int(tp_size as i64))?;
+        let spec = FIELDS.iter().find(|s| s.name == "tp_size").expect("tp_size is in the table");
+        (spec.set)(&mut config, check(spec, Value::Int(tp_size as i64))?);
         Ok(config)
     }
 
@@ -86,86 +87,96 @@ struct FieldSpec {
     name: &'static str,
     kind: Kind,
     required: bool,
+    /// The valid values, inclusive (integers for `Kind::Int32`).
+    range: (f64, f64),
+    /// What a value outside `range` means, for the error.
+    meaning: &'static str,
     get: fn(&PluginConfig) -> Value,
-    set: fn(&mut PluginConfig, Value) -> Result<()>,
+    /// Stores a value already checked against `kind` and `range`.
+    set: fn(&mut PluginConfig, Value),
+}
+
+fn int(v: Value) -> i64 {
+    match v {
+        Value::Int(x) => x,
+        Value::Float(x) => x as i64,
+    }
 }
 
 const FIELDS: &[FieldSpec] = &[
-    FieldSpec { name: "tp_size", kind: Kind::Int32, required: true, get: |c| Value::Int(c.tp_size as i64), set: set_tp_size },
+    FieldSpec {
+        name: "tp_size",
+        kind: Kind::Int32,
+        required: true,
+        range: (1.0, i32::MAX as f64),
+        meaning: "the tensor-parallel size",
+        get: |c| Value::Int(c.tp_size as i64),
+        set: |c, v| c.tp_size = int(v) as i32,
+    },
     FieldSpec {
         name: "strategy",
         kind: Kind::Int32,
         required: false,
+        range: (0.0, 3.0),
+        meaning: "NCCL=0, ONESHOT=1, TWOSHOT=2, AUTO=3",
         get: |c| Value::Int(c.strategy as i64),
         set: |c, v| {
-            c.strategy = match int_in("strategy", v, 0, 3)? {
-                0 => Strategy::Nccl,
-                1 => Strategy::OneShot,
-                2 => Strategy::TwoShot,
-                _ => Strategy::Auto,
-            };
-            Ok(())
+            c.strategy = [Strategy::Nccl, Strategy::OneShot, Strategy::TwoShot, Strategy::Auto][int(v) as usize]
         },
     },
     FieldSpec {
         name: "config",
         kind: Kind::Int32,
         required: false,
+        range: (0.0, config_bits::ALL as f64),
+        meaning: "bits USE_MEMCPY=1 | RESIDUAL_RMS_NORM=2",
         get: |c| Value::Int(c.config as i64),
-        set: |c, v| {
-            let bits = int_in("config", v, 0, config_bits::ALL as i64)?;
-            c.config = bits as i32;
-            Ok(())
-        },
+        set: |c, v| c.config = int(v) as i32,
     },
     FieldSpec {
         name: "fusion_op",
         kind: Kind::Int32,
         required: false,
+        range: (0.0, 1.0),
+        meaning: "NONE=0, RESIDUAL_RMS_NORM=1",
         get: |c| Value::Int(c.fusion_op as i64),
-        set: |c, v| {
-            c.fusion_op = if int_in("fusion_op", v, 0, 1)? == 1 { FusionOp::ResidualRmsNorm } else { FusionOp::None };
-            Ok(())
-        },
+        set: |c, v| c.fusion_op = if int(v) == 1 { FusionOp::ResidualRmsNorm } else { FusionOp::None },
     },
     FieldSpec {
         name: "eps",
         kind: Kind::Float32,
         required: false,
+        range: (0.0, f32::MAX as f64),
+        meaning: "a finite number >= 0",
         get: |c| Value::Float(c.eps as f64),
-        set: |c, v| match v {
-            Value::Float(x) if x.is_finite() && x >= 0.0 && x <= f32::MAX as f64 => {
-                c.eps = x as f32;
-                Ok(())
+        set: |c, v| {
+            if let Value::Float(x) = v {
+                c.eps = x as f32
             }
-            _ => Err(Error::field("eps", format!("must be a finite number >= 0, got {v:?}"))),
         },
     },
     FieldSpec {
         name: "has_bias",
         kind: Kind::Int32,
         required: false,
+        range: (0.0, 1.0),
+        meaning: "0 or 1",
         get: |c| Value::Int(c.has_bias as i64),
-        set: |c, v| {
-            c.has_bias = int_in("has_bias", v, 0, 1)? == 1;
-            Ok(())
-        },
+        set: |c, v| c.has_bias = int(v) == 1,
     },
 ];
 
-fn set_tp_size(c: &mut PluginConfig, v: Value) -> Result<()> {
-    c.tp_size = int_in("tp_size", v, 1, i32::MAX as i64)? as i32;
-    Ok(())
-}
-
-fn int_in(name: &str, v: Value, lo: i64, hi: i64) -> Result<i64> {
-    match v {
-        Value::Int(x) if (lo..=hi).contains(&x) => Ok(x),
-        Value::Int(x) if name == "config" => {
-            Err(Error::field(name, format!("{x} has bits outside USE_MEMCPY=1 | RESIDUAL_RMS_NORM=2")))
-        }
-        Value::Int(x) => Err(Error::field(name, format!("{x} is out of range [{lo}, {hi}]"))),
-        Value::Float(_) => Err(Error::field(name, "must be an integer")),
+/// Checks a decoded value against the spec's range (NaN is never in range).
+fn check(spec: &FieldSpec, v: Value) -> Result<Value> {
+    let (lo, hi) = spec.range;
+    let x = match v {
+        Value::Int(x) => x as f64,
+        Value::Float(x) => x,
+    };
+    if (lo..=hi).contains(&x) {
+        Ok(v)
+    } else {
+        Err(Error::field(spec.name, format!("{v:?} is out of range [{lo}, {hi}] ({})", spec.meaning)))
     }
 }
 
@@ -222,7 +233,7 @@ pub fn parse(fields: &[IncomingField]) -> Result<PluginConfig> {
             return Err(Error::field(f.name, "is given more than once"));
         }
         let spec = &FIELDS[index];
-        (spec.set)(&mut config, decode(spec, f)?)?;
+        (spec.set)(&mut config, check(spec, decode(spec, f)?)?);
     }
     if let Some(missing) = FIELDS.iter().zip(seen).find(|(s, seen)| s.required && !seen) {
         return Err(Error::MissingField(missing.0.name));
