@@ -223,6 +223,7 @@ pub fn device_count() -> Result<i32> {
 
 /// The IPC handle of an allocation of the current context (64 opaque bytes).
 pub fn ipc_handle(ptr: u64) -> Result<[u8; 64]> {
+    // SAFETY: CUipcMemHandle is 64 plain bytes; all zeros is a valid value.
     let mut handle: sys::CUipcMemHandle = unsafe { std::mem::zeroed() };
     // SAFETY: ptr is a cuMemAlloc allocation of the current context; valid out-pointer.
     check("cuIpcGetMemHandle", unsafe { sys::cuIpcGetMemHandle(&mut handle, ptr) })?;
@@ -231,6 +232,7 @@ pub fn ipc_handle(ptr: u64) -> Result<[u8; 64]> {
 
 /// Maps another process's allocation into the current context.
 pub fn ipc_open(handle: &[u8; 64]) -> Result<u64> {
+    // SAFETY: as in ipc_handle.
     let mut h: sys::CUipcMemHandle = unsafe { std::mem::zeroed() };
     h.reserved = handle.map(|b| b as std::ffi::c_char);
     let mut ptr: sys::CUdeviceptr = 0;
