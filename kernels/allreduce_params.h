@@ -28,22 +28,25 @@
  *
  * State block of ONE rank: EAR_STATE_BYTES, a SEPARATE device allocation (any zero-filled
  * block, 16-byte aligned, e.g. its own cudaMalloc + cudaMemset 0), local only: never mapped
- * into peers, never touched by the host after the zero-fill. It holds the call counters
- * and the CTA-arrival counter; every advance happens in-kernel (CUDA-graph safe). One state
+ * into peers, never touched by the host after the zero-fill. It holds one copy of the call
+ * counters per CTA index; every advance happens in-kernel (CUDA-graph safe). One state
  * block per (workspace, rank), shared by all three kernel families, used by one stream at
  * a time.
  *
  * ---------------------------------------------------------------------------------------
  * Launch rule (host):
- *   - block = EAR_BLOCK_THREADS threads, no dynamic shared memory, the params by value as
- *     the only argument. The PDL attribute (programmatic stream serialization) is optional.
+ *   - block = EAR_BLOCK_THREADS threads for ear_oneshot_* / ear_twoshot_*; for ear_lamport_*
+ *     any multiple of 32 in [32, EAR_BLOCK_THREADS], EAR_LAMPORT_BLOCK(vecs, max_blocks)
+ *     suggested (and then grid = EAR_LAMPORT_GRID(vecs, max_blocks)). No dynamic shared
+ *     memory, the params by value as the only argument. The PDL attribute (programmatic
+ *     stream serialization) is optional.
  *   - grid  = EAR_GRID(work_vecs, max_blocks) with
  *         vecs      = ceil(count * elem_size / 16)
  *         work_vecs = vecs                      for ear_oneshot_* and ear_lamport_*
  *                   = ceil(vecs / nranks)       for ear_twoshot_*
  *         max_blocks in [1, EAR_MAX_BLOCKS]     (tunable; EAR_DEFAULT_MAX_BLOCKS untuned)
  *     Any grid in [1, EAR_MAX_BLOCKS] is correct; what is REQUIRED is that the grid (and
- *     count, dtype, family) is IDENTICAL on every rank for the same call, and that every
+ *     block, count, dtype, family) is IDENTICAL on every rank for the same call, and that every
  *     rank issues the same sequence of custom all-reduce calls on the same communicator
  *     (NCCL fallbacks in between do not matter).
  *   - ALL three families spin on peers: all CTAs of the call on all ranks must be able to be
@@ -64,9 +67,8 @@
 #define EAR_ABI_VERSION 1
 
 #define EAR_MAX_RANKS 16
-/* Max grid accepted. 64 x 512 threads keeps 2 x 64 CTAs co-resident on a 132-SM H200 in
- * the one-GPU simulation at N = 2; the bandwidth optimum on real NVLink is unmeasured. */
-#define EAR_MAX_BLOCKS 64
+/* Max grid accepted (the host must also keep grid <= SM count: co-residency). */
+#define EAR_MAX_BLOCKS 128
 /* The one block size every kernel is launched with (as TRT-LLM's DEFAULT_BLOCK_SIZE). */
 #define EAR_BLOCK_THREADS 512
 /* Suggested max_blocks for EAR_GRID; vLLM uses 36 (anchors); not measured here yet. */
@@ -78,10 +80,11 @@
 #define EAR_ROUND_UP(x, a) ((((uint64_t)(x)) + (uint64_t)(a) - 1u) / (uint64_t)(a) * (uint64_t)(a))
 #define EAR_CEIL_DIV(x, y) ((((uint64_t)(x)) + (uint64_t)(y) - 1u) / (uint64_t)(y))
 
-/* Signal region: uint64_t slot[EAR_MAX_BLOCKS][EAR_MAX_RANKS] (8 KiB). */
+/* Signal region: uint64_t slot[EAR_MAX_BLOCKS][EAR_MAX_RANKS] (16 KiB). */
 #define EAR_SIGNAL_BYTES ((uint64_t)EAR_MAX_BLOCKS * EAR_MAX_RANKS * 8u)
-/* Local state block (layout private to kernels/common.cuh: counters). */
-#define EAR_STATE_BYTES 128u
+/* Local state block (layout private to kernels/common.cuh: EAR_MAX_BLOCKS copies of the
+ * call counters, 32 bytes each). */
+#define EAR_STATE_BYTES (EAR_MAX_BLOCKS * 32u)
 
 /* Lamport buffers are 3 x nranks x row per rank; the row (and so the largest Lamport
  * message) is capped so that the cap costs 3 * nranks * 2 MiB (48 MiB at 8 ranks). */
@@ -121,6 +124,24 @@
               : EAR_CEIL_DIV((work_vecs), EAR_BLOCK_THREADS) > (uint64_t)(max_blocks)     \
                   ? (uint64_t)(max_blocks)                                                \
                   : EAR_CEIL_DIV((work_vecs), EAR_BLOCK_THREADS)))
+
+/* Lamport block (ear_lamport_* only; see the launch rule): enough threads that the grid
+ * reaches max_blocks CTAs before a CTA grows past EAR_BLOCK_THREADS, at least
+ * EAR_LAMPORT_MIN_THREADS: mid-size messages are spread over more SMs (an SM's NVLink
+ * stores and polls are the limit there, not the thread count). */
+#define EAR_LAMPORT_MIN_THREADS 128u
+#define EAR_LAMPORT_BLOCK(vecs, max_blocks)                                              \
+  ((uint32_t)(EAR_ROUND_UP(EAR_CEIL_DIV((vecs), (max_blocks)), 32u) < EAR_LAMPORT_MIN_THREADS \
+                  ? EAR_LAMPORT_MIN_THREADS                                              \
+              : EAR_ROUND_UP(EAR_CEIL_DIV((vecs), (max_blocks)), 32u) > EAR_BLOCK_THREADS  \
+                  ? (uint64_t)EAR_BLOCK_THREADS                                          \
+                  : EAR_ROUND_UP(EAR_CEIL_DIV((vecs), (max_blocks)), 32u)))
+/* Lamport grid: CTAs of EAR_LAMPORT_BLOCK threads covering the vectors, at most max_blocks. */
+#define EAR_LAMPORT_GRID(vecs, max_blocks)                                               \
+  ((uint32_t)(EAR_CEIL_DIV((vecs), EAR_LAMPORT_BLOCK(vecs, max_blocks)) < 1u ? 1u         \
+              : EAR_CEIL_DIV((vecs), EAR_LAMPORT_BLOCK(vecs, max_blocks)) > (uint64_t)(max_blocks) \
+                  ? (uint64_t)(max_blocks)                                               \
+                  : EAR_CEIL_DIV((vecs), EAR_LAMPORT_BLOCK(vecs, max_blocks))))
 
 /* The only kernel argument, passed by value. 176 bytes, 8-byte aligned, no implicit
  * padding (64-bit targets only). */
@@ -175,8 +196,11 @@ _Static_assert(sizeof(void*) == 8, "64-bit targets only");
  *   - block = EAR_FUSED_BLOCK(hidden, elem_size) threads (a multiple of 32 in [32, 512]);
  *     any other block size traps. It depends only on (hidden, dtype), so it is identical on
  *     every rank; the per-row sum of squares is reduced in a fixed order for that block size.
- *   - grid  = EAR_FUSED_GRID(tokens, max_blocks): CTA b handles token rows b, b+grid, ...
- *     Rank families: max_blocks in [1, EAR_MAX_BLOCKS]; any grid in [1, 64] is correct; the
+ *   - grid  = EAR_FUSED_GRID(tokens, max_blocks): CTA b handles token rows b, b+grid, ...;
+ *     for ear_lamport_norm_*, ear_fused_lamport_grid_of(tokens, hidden, elem, max_blocks),
+ *     which may exceed tokens: every CTA pushes (unless normed == x), CTAs b < tokens also
+ *     reduce.
+ *     Rank families: max_blocks in [1, EAR_MAX_BLOCKS]; any grid in [1, EAR_MAX_BLOCKS] is correct; the
  *     grid, tokens, hidden, dtype and family must be IDENTICAL on every rank for the same
  *     call, and plain and fused calls on one communicator form ONE call sequence that every
  *     rank issues identically (they share the state counters). All CTAs of a call on all
@@ -195,7 +219,7 @@ _Static_assert(sizeof(void*) == 8, "64-bit targets only");
  *       lamport_norm: EAR_FUSED_LAMPORT_FITS(tokens, hidden, elem, m)
  *     (for hidden * elem % 16 == 0 and 16-byte rows divisible by n these are exactly
  *     tokens * hidden * elem <= m, resp. <= EAR_LAMPORT_MAX_MSG(m)). Violations, nranks !=
- *     N, bad rank, grid > 64 (rank families) or a wrong block trap (sticky error).
+ *     N, bad rank, grid > EAR_MAX_BLOCKS (rank families) or a wrong block trap (sticky error).
  * ---------------------------------------------------------------------------------------
  */
 #define EAR_FUSED_MAX_THREADS 512
@@ -213,6 +237,15 @@ _Static_assert(sizeof(void*) == 8, "64-bit targets only");
   ((uint32_t)((uint64_t)(tokens) < 1u ? 1u                                                \
               : (uint64_t)(tokens) > (uint64_t)(max_blocks) ? (uint64_t)(max_blocks)      \
                                                             : (uint64_t)(tokens)))
+/* Lamport fused grid: enough CTAs of EAR_FUSED_BLOCK threads to push every vector once (one
+ * per thread), at least one per row, at most max_blocks. CTA b owns rows b, b + grid, ... */
+static inline uint32_t ear_fused_lamport_grid_of(uint64_t tokens, uint32_t hidden, uint32_t elem,
+                                                 uint32_t max_blocks) {
+  const uint64_t push = EAR_CEIL_DIV(tokens * EAR_FUSED_ROW_VECS(hidden, elem), EAR_FUSED_BLOCK(hidden, elem));
+  const uint64_t g = push > tokens ? push : tokens;
+  const uint64_t cap = max_blocks < 1u ? 1u : max_blocks;
+  return (uint32_t)(g > cap ? cap : g);
+}
 /* Staged bytes of a [tokens, hidden] message (one-shot bank, Lamport row). */
 #define EAR_FUSED_STAGE_BYTES(tokens, hidden, elem) \
   ((uint64_t)(tokens) * EAR_FUSED_ROW_VECS(hidden, elem) * EAR_VEC_BYTES)

@@ -20,10 +20,14 @@ namespace ear {
 constexpr int kThreads = EAR_BLOCK_THREADS;
 
 // ---------------------------------------------------------------------------------------
-// Local state block (EAR_STATE_BYTES, zero-filled once by the host). Only the last CTA of
-// a call to finish writes it (see finish_call), and only after every CTA of the call has
-// read it, so every CTA of one call sees the same counters. The next call reads it after
-// griddepcontrol.wait, i.e. after this grid has completed and flushed.
+// Local state block (EAR_STATE_BYTES, zero-filled once by the host): EAR_MAX_BLOCKS
+// identical copies of the call counters, one per CTA index. CTA b reads copy b and, in the
+// same call, writes the advanced counters into copies b, b + grid, b + 2*grid, ... (see
+// begin_call): every copy is written once per call, by exactly one CTA, and no CTA reads a
+// copy another CTA of the call writes. So there is no cross-CTA arrival count, no atomic,
+// and nothing to do at the end of a call, and grids may change freely between calls. The
+// next call reads the copies after griddepcontrol.wait (or the kernel boundary), i.e. after
+// this grid completed and its writes are visible.
 struct State {
   // Calls of the barrier families (oneshot, twoshot) completed on this workspace. Call
   // `seq` uses flag values 2*seq+1 (first barrier) and 2*seq+2 (second barrier) and
@@ -34,11 +38,9 @@ struct State {
   uint64_t lam_seq;
   // Vectors per row the previous Lamport call wrote (what this call must clear).
   uint64_t lam_prev_vecs;
-  // CTAs of the running call that have finished; back to 0 at the end of each call.
-  uint32_t arrive;
-  uint32_t pad_;
+  uint64_t pad_;
 };
-static_assert(sizeof(State) <= EAR_STATE_BYTES, "State must fit EAR_STATE_BYTES");
+static_assert(sizeof(State) * EAR_MAX_BLOCKS <= EAR_STATE_BYTES, "State copies must fit EAR_STATE_BYTES");
 
 // ---------------------------------------------------------------------------------------
 // Memory access helpers. Everything another rank writes during a call is read with
@@ -272,10 +274,14 @@ __device__ __forceinline__ uint64_t* signal_slot(void* ws, int block, int src_ra
 }
 
 // Traps on a broken launch contract instead of corrupting memory or hanging peers.
+// any_block: any multiple of 32 up to EAR_BLOCK_THREADS (Lamport), else exactly that.
 template <typename T, int N>
-__device__ __forceinline__ void check_params(const EarAllReduceParams& p, uint64_t max_bytes) {
-  if (p.nranks != N || p.rank < 0 || p.rank >= N || gridDim.x > EAR_MAX_BLOCKS ||
-      blockDim.x != EAR_BLOCK_THREADS || p.count * sizeof(T) > max_bytes)
+__device__ __forceinline__ void check_params(const EarAllReduceParams& p, uint64_t max_bytes,
+                                             bool any_block = false) {
+  const bool block_ok = any_block ? blockDim.x % 32u == 0 && blockDim.x <= EAR_BLOCK_THREADS
+                                  : blockDim.x == EAR_BLOCK_THREADS;
+  if (p.nranks != N || p.rank < 0 || p.rank >= N || gridDim.x > EAR_MAX_BLOCKS || !block_ok ||
+      p.count * sizeof(T) > max_bytes)
     __trap();
 }
 
@@ -305,44 +311,143 @@ __device__ __forceinline__ void cta_barrier(const EarAllReduceParams& p, uint64_
   __syncthreads();
 }
 
-// Reads the state once per CTA (thread 0, after pdl_wait) and broadcasts it.
+// The counters of a call, and what the call leaves for the next one.
 struct CallCounters {
   uint64_t seq, lam_seq, lam_prev_vecs;
 };
-__device__ __forceinline__ CallCounters read_state(const EarAllReduceParams& p) {
+
+// Start of a call, after pdl_wait: thread 0 reads copy blockIdx.x of the counters and
+// broadcasts them; then copies blockIdx.x + j*gridDim.x (j = threadIdx.x, then strided by
+// blockDim.x) get next(c); thread 0 rewrites the copy it read itself, after reading it.
+// Stores only, nothing waits for them.
+template <typename F>
+__device__ __forceinline__ CallCounters begin_call(const EarAllReduceParams& p, F next) {
   __shared__ CallCounters s;
+  State* const st = static_cast<State*>(p.state);
   if (threadIdx.x == 0) {
-    const State* st = static_cast<const State*>(p.state);
-    s.seq = ld_volatile_u64(&st->seq);
-    s.lam_seq = ld_volatile_u64(&st->lam_seq);
-    s.lam_prev_vecs = ld_volatile_u64(&st->lam_prev_vecs);
+    const State* mine = st + blockIdx.x;
+    s.seq = ld_volatile_u64(&mine->seq);
+    s.lam_seq = ld_volatile_u64(&mine->lam_seq);
+    s.lam_prev_vecs = ld_volatile_u64(&mine->lam_prev_vecs);
   }
   __syncthreads();
-  return s;
+  const CallCounters c = s;
+  const CallCounters n = next(c);
+  for (uint32_t copy = blockIdx.x + threadIdx.x * gridDim.x; copy < EAR_MAX_BLOCKS;
+       copy += blockDim.x * gridDim.x) {
+    State* dst = st + copy;
+    dst->seq = n.seq;
+    dst->lam_seq = n.lam_seq;
+    dst->lam_prev_vecs = n.lam_prev_vecs;
+  }
+  return c;
 }
 
-// End of a call: the last CTA to arrive advances the counters (update(State*)), then every
-// CTA triggers the dependent launch. Every CTA read the state (read_state) before it
-// arrives: the value went through shared memory and a __syncthreads, so those loads are
-// complete and the update cannot be seen by a CTA of this call. No fence is needed (and a
-// fence after the NVLink stores of the call would wait a round trip for them): the next call
-// on this state block comes later in the same stream, and reads the state only after
-// griddepcontrol.wait or the kernel boundary, i.e. after this grid completed and its writes
-// are visible. The trigger comes after the outputs and the state are written.
-template <typename F>
-__device__ __forceinline__ void finish_call(const EarAllReduceParams& p, F update) {
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    State* st = static_cast<State*>(p.state);
-    if (gridDim.x == 1) {
-      update(st);  // one CTA: nothing to count
-    } else if (atomicAdd(&st->arrive, 1u) == gridDim.x - 1) {
-      update(st);
-      st->arrive = 0;
+// Advances of the two counter families.
+__device__ __forceinline__ CallCounters next_barrier_call(CallCounters c) {
+  ++c.seq;
+  return c;
+}
+__device__ __forceinline__ CallCounters next_lamport_call(CallCounters c, uint64_t vecs) {
+  ++c.lam_seq;
+  c.lam_prev_vecs = vecs;
+  return c;
+}
+
+// End of a call: let the dependent launch start (its griddepcontrol.wait still waits for
+// this grid to complete and flush). No fence: see State.
+__device__ __forceinline__ void finish_call() { pdl_trigger(); }
+
+// One 16-byte vector from each of N ranks (a batch element of batched_for).
+template <int N>
+struct Ranks {
+  uint4 v[N];
+};
+
+// Iterations per batch: pure copies keep 4 vectors in flight per thread; reductions keep
+// N per iteration, so fewer iterations as N grows (registers: 4 * N * batch).
+constexpr int kCopyBatch = 4;
+template <int N>
+constexpr int kReduceBatch = N <= 2 ? 4 : N <= 4 ? 2 : 1;
+
+// Lamport payload rule (lamport.cu, fused_norm.cu): an all-zero 32-bit word means "not
+// arrived"; senders send all-zero words as 0x80000000 (-0 bits).
+__device__ __forceinline__ uint32_t lamport_word(uint32_t w) { return w == 0u ? 0x80000000u : w; }
+__device__ __forceinline__ uint4 lamport_sanitize(uint4 v) {
+  return make_uint4(lamport_word(v.x), lamport_word(v.y), lamport_word(v.z), lamport_word(v.w));
+}
+__device__ __forceinline__ bool lamport_arrived(const uint4& v) {
+  return v.x != 0u && v.y != 0u && v.z != 0u && v.w != 0u;
+}
+
+// One polling step: reloads (ld.volatile) each peer vector at `at + r * row_bytes` that has
+// not arrived yet (a zero word); true if all had arrived. v.v[rank] is our own value, left
+// alone. Callers waiting on several vectors step all of them in one loop, so their reloads
+// are in flight together (one memory latency per round, not one per vector).
+template <int N>
+__device__ __forceinline__ bool lamport_poll(Ranks<N>& v, int rank, const char* at, uint64_t row_bytes) {
+  bool arrived = true;
+#pragma unroll
+  for (int r = 0; r < N; ++r) {
+    if (r != rank && !lamport_arrived(v.v[r])) {
+      arrived = false;
+      v.v[r] = ld_volatile(at + r * row_bytes);
     }
   }
-  __syncthreads();
-  pdl_trigger();
+  return arrived;
+}
+
+// ---------------------------------------------------------------------------------------
+// Batched grid-stride loops. Every load/store helper above is an asm volatile with a memory
+// clobber, which keeps the compiler from hoisting the next iteration's load above this
+// iteration's store: a plain loop has one load in flight per thread. These issue up to U
+// iterations' loads before the first use. Item i = first + u*stride.
+// poll(i, v) (Lamport): one polling step of item i, true once it has arrived; a batch's
+// items are stepped together until all have, before the first use.
+template <int U, typename Load, typename Poll, typename Use>
+__device__ __forceinline__ void batched_for_polled(uint64_t first, uint64_t stride, uint64_t n,
+                                                   Load load, Poll poll, Use use) {
+  using V = decltype(load(uint64_t{0}));
+  for (uint64_t i0 = first; i0 < n; i0 += U * stride) {
+    V v[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (i0 + u * stride < n) v[u] = load(i0 + u * stride);
+    bool done;
+    do {
+      done = true;
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+        if (i0 + u * stride < n) done = poll(i0 + u * stride, v[u]) && done;
+    } while (!done);
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (i0 + u * stride < n) use(i0 + u * stride, v[u]);
+  }
+}
+template <int U, typename Load, typename Use>
+__device__ __forceinline__ void batched_for(uint64_t first, uint64_t stride, uint64_t n,
+                                            Load load, Use use) {
+  batched_for_polled<U>(first, stride, n, load, [](uint64_t, const auto&) { return true; }, use);
+}
+
+// batched_for split in two: the first batch's loads (load_head), issued early, e.g. before
+// begin_call's state read so that the two latencies overlap; then the rest (for_rest: the
+// first batch's uses, then the remaining batches).
+template <int U, typename V, typename Load>
+__device__ __forceinline__ void load_head(V (&head)[U], uint64_t first, uint64_t stride, uint64_t n,
+                                          Load load) {
+#pragma unroll
+  for (int u = 0; u < U; ++u)
+    if (first + u * stride < n) head[u] = load(first + u * stride);
+}
+template <int U, typename V, typename Load, typename Use>
+__device__ __forceinline__ void for_rest(const V (&head)[U], uint64_t first, uint64_t stride,
+                                         uint64_t n, Load load, Use use) {
+#pragma unroll
+  for (int u = 0; u < U; ++u)
+    if (first + u * stride < n) use(first + u * stride, head[u]);
+  batched_for<U>(first + U * stride, stride, n, load, use);
 }
 
 }  // namespace ear

@@ -57,7 +57,8 @@
 //                 barrier 2 and read before the call ends). The owner applies ITS residual
 //                 and bias to its slice: these must be identical on every rank (TP).
 //   lamport_norm  buffer lam_seq % 3, row r of a buffer holds rank r's padded rows, vector
-//                 (row*row_vecs + k); 1. push all our rows (sanitized, 16-byte stores),
+//                 (row*row_vecs + k); 1. push all our rows (sanitized, 16-byte stores; every
+//                 CTA a flat share out of place, each CTA its own rows in place),
 //                 2. clear the previous call's lam_prev_vecs vectors of each peer row
 //                 (flat grid-stride: any mapping clears the same set), 3. per row: poll the
 //                 peers' vectors until no word is zero, sum in rank order (own value from
@@ -70,23 +71,37 @@
 
 namespace ear {
 
-// Chunks per thread the norm keeps in registers (rows up to kCache*blockDim vectors stay in
-// registers). Fewer for the Lamport family at N >= 8, where the N polled vectors already take
-// 4N registers and 4 cached chunks spill under the 128-register cap (sm_80).
+// Chunks per thread the norm keeps in registers (rows up to KC*blockDim vectors stay in
+// registers, with their fetched inputs and gamma). Families that fetch N vectors per chunk
+// keep fewer as N grows, to stay under the 128-register cap of a 512-thread CTA.
 constexpr int kCache = 4;
 template <int N>
-constexpr int kLamportCache = N >= 16 ? 1 : N >= 8 ? 2 : kCache;
+constexpr int kRanksCache = N <= 4 ? 2 : 1;
 
-// Same rule as lamport.cu (all-zero 32-bit word = not arrived; senders send it as -0 bits).
-__device__ __forceinline__ uint32_t fused_lamport_word(uint32_t w) {
-  return w == 0u ? 0x80000000u : w;
-}
-__device__ __forceinline__ uint4 fused_lamport_sanitize(uint4 v) {
-  return make_uint4(fused_lamport_word(v.x), fused_lamport_word(v.y), fused_lamport_word(v.z),
-                    fused_lamport_word(v.w));
-}
-__device__ __forceinline__ bool fused_lamport_arrived(const uint4& v) {
-  return v.x != 0u && v.y != 0u && v.z != 0u && v.w != 0u;
+// Every (row, k) chunk of this CTA's token rows (rows blockIdx.x, blockIdx.x + gridDim.x,
+// ...), batched: load(row, k) for a batch of chunks, then use(row, k, loaded) for each. The
+// CTA that owns a row is the only one that reads its x (in place, normed may equal x).
+template <int U, typename Load, typename Use>
+__device__ __forceinline__ void for_cta_rows(const EarFusedParams& p, uint32_t hv, Load load, Use use) {
+  const uint64_t rows = p.tokens > blockIdx.x ? (p.tokens - blockIdx.x + gridDim.x - 1) / gridDim.x : 0;
+  const auto at = [&](uint64_t f, uint64_t& row, uint32_t& k) {
+    row = blockIdx.x + (f / hv) * gridDim.x;
+    k = static_cast<uint32_t>(f % hv);
+  };
+  batched_for<U>(
+      threadIdx.x, blockDim.x, rows * hv,
+      [&](uint64_t f) {
+        uint64_t row;
+        uint32_t k;
+        at(f, row, k);
+        return load(row, k);
+      },
+      [&](uint64_t f, const decltype(load(uint64_t{0}, 0u))& v) {
+        uint64_t row;
+        uint32_t k;
+        at(f, row, k);
+        use(row, k, v);
+      });
 }
 
 template <typename T>
@@ -104,27 +119,48 @@ __device__ __forceinline__ void check_fused(const EarFusedParams& p, uint64_t ne
     __trap();
 }
 
-// acc (the rank-order sum) += bias chunk k (if any) += residual chunk k; round once; store
-// residual_out chunk k; return it.
-template <typename T>
-__device__ __forceinline__ uint4 add_residual(const EarFusedParams& p, float (&acc)[Elem<T>::E],
-                                              uint64_t row, uint32_t k, bool vec_ok) {
-  if (p.bias != nullptr) Elem<T>::add(acc, load_row_chunk<T>(p.bias, 0, p.hidden, k, true));
-  Elem<T>::add(acc, load_row_chunk<T>(p.residual, row, p.hidden, k, vec_ok));
-  const uint4 r = Elem<T>::pack(acc);
-  store_row_chunk<T>(p.residual_out, row, p.hidden, k, vec_ok, r);
-  return r;
-}
+// The inputs of residual_out chunk k of a row: x from each of N ranks (loaded, or for Lamport
+// polled, by the family), and the bias and residual chunks. Loaded by fetch_extras before
+// anything waits, so all of a thread's loads for a row are in flight together.
+template <int N>
+struct RowIn {
+  Ranks<N> x;
+  uint4 bias, res;
+};
+
+// Lamport push batch: at N = 16 the 15 peer addresses take the registers a batch would.
+template <int N>
+constexpr int kPushBatch = N >= 16 ? 1 : kCopyBatch;
+
+// At N >= 16 the N vectors already fill the registers: bias and residual are then loaded by
+// sum_add_residual, when they are used.
+template <int N>
+constexpr bool kPrefetchExtras = N < 16;
 
 template <typename T, int N>
-__device__ __forceinline__ uint4 sum_add_residual(const EarFusedParams& p, const uint4 (&v)[N],
+__device__ __forceinline__ void fetch_extras(const EarFusedParams& p, uint64_t row, uint32_t k,
+                                             bool vec_ok, RowIn<N>& in) {
+  if (!kPrefetchExtras<N>) return;
+  if (p.bias != nullptr) in.bias = load_row_chunk<T>(p.bias, 0, p.hidden, k, true);
+  in.res = load_row_chunk<T>(p.residual, row, p.hidden, k, vec_ok);
+}
+
+// residual_out chunk k = round_T(((+0 + x_0 + ... + x_{N-1}) + bias (if any)) + residual),
+// stored and returned.
+template <typename T, int N>
+__device__ __forceinline__ uint4 sum_add_residual(const EarFusedParams& p, const RowIn<N>& in,
                                                   uint64_t row, uint32_t k, bool vec_ok) {
   float acc[Elem<T>::E];
 #pragma unroll
   for (int e = 0; e < Elem<T>::E; ++e) acc[e] = 0.0f;
 #pragma unroll
-  for (int r = 0; r < N; ++r) Elem<T>::add(acc, v[r]);
-  return add_residual<T>(p, acc, row, k, vec_ok);
+  for (int r = 0; r < N; ++r) Elem<T>::add(acc, in.x.v[r]);
+  if (p.bias != nullptr)
+    Elem<T>::add(acc, kPrefetchExtras<N> ? in.bias : load_row_chunk<T>(p.bias, 0, p.hidden, k, true));
+  Elem<T>::add(acc, kPrefetchExtras<N> ? in.res : load_row_chunk<T>(p.residual, row, p.hidden, k, vec_ok));
+  const uint4 out = Elem<T>::pack(acc);
+  store_row_chunk<T>(p.residual_out, row, p.hidden, k, vec_ok, out);
+  return out;
 }
 
 template <typename T>
@@ -146,33 +182,69 @@ __device__ __forceinline__ uint4 apply_norm(const uint4& r, const uint4& g, floa
   return Elem<T>::pack(fr);
 }
 
-// The RMSNorm of token row `row`. produce(k) returns residual_out chunk k (T bits, +0 past
-// hidden) and has stored it to residual_out. Called by all threads of the CTA.
-template <typename T, int KC = kCache, typename Produce>
+// poll for families whose chunk data is complete once loaded (after a barrier, or local).
+struct Arrived {
+  template <typename V>
+  __device__ bool operator()(uint32_t, const V&) const {
+    return true;
+  }
+};
+
+// The RMSNorm of token row `row`, called by all threads of the CTA. The family gives
+// fetch(k): issue the loads chunk k needs, return them (nothing waits yet); poll(k, fetched):
+// one polling step, true once the chunk's data has arrived (Lamport; else always true); and
+// finish(k, fetched): store residual_out chunk k and return it (T bits, +0 past hidden).
+// The first KC chunks of the thread are all fetched (with their gamma) and polled together
+// before the first finish: one memory latency per row instead of one per chunk.
+template <typename T, int KC = kCache, bool PrefetchGamma = true, typename Fetch, typename Poll,
+          typename Finish>
 __device__ __forceinline__ void rmsnorm_row(const EarFusedParams& p, uint64_t row, uint32_t hv,
-                                            bool vec_ok, Produce&& produce) {
-  const uint32_t nt = blockDim.x;
+                                            bool vec_ok, Fetch&& fetch, Poll&& poll, Finish&& finish) {
+  using In = decltype(fetch(0u));
+  In in[KC];
+  uint4 gamma[KC];
+#pragma unroll
+  for (int j = 0; j < KC; ++j) {
+    const uint32_t k = threadIdx.x + j * blockDim.x;
+    if (k < hv) {
+      in[j] = fetch(k);
+      if (PrefetchGamma) gamma[j] = load_row_chunk<T>(p.gamma, 0, p.hidden, k, true);
+    }
+  }
+  bool done;
+  do {
+    done = true;
+#pragma unroll
+    for (int j = 0; j < KC; ++j)
+      if (threadIdx.x + j * blockDim.x < hv) done = poll(threadIdx.x + j * blockDim.x, in[j]) && done;
+  } while (!done);
   uint4 cache[KC];
   float ss = 0.0f;
 #pragma unroll
   for (int j = 0; j < KC; ++j) {
-    const uint32_t k = threadIdx.x + j * nt;
+    const uint32_t k = threadIdx.x + j * blockDim.x;
     if (k < hv) {
-      cache[j] = produce(k);
+      cache[j] = finish(k, in[j]);
       ss = add_squares<T>(ss, cache[j]);
     }
   }
-  for (uint32_t k = threadIdx.x + KC * nt; k < hv; k += nt) ss = add_squares<T>(ss, produce(k));
+  for (uint32_t k = threadIdx.x + KC * blockDim.x; k < hv; k += blockDim.x) {
+    In one = fetch(k);
+    while (!poll(k, one)) {
+    }
+    ss = add_squares<T>(ss, finish(k, one));
+  }
   const float total = block_sum(ss);
   const float s = __frcp_rn(__fsqrt_rn(__fadd_rn(__fdiv_rn(total, static_cast<float>(p.hidden)), p.eps)));
 #pragma unroll
   for (int j = 0; j < KC; ++j) {
-    const uint32_t k = threadIdx.x + j * nt;
-    if (k < hv)
-      store_row_chunk<T>(p.normed, row, p.hidden, k, vec_ok,
-                         apply_norm<T>(cache[j], load_row_chunk<T>(p.gamma, 0, p.hidden, k, true), s));
+    const uint32_t k = threadIdx.x + j * blockDim.x;
+    if (k < hv) {
+      const uint4 g = PrefetchGamma ? gamma[j] : load_row_chunk<T>(p.gamma, 0, p.hidden, k, true);
+      store_row_chunk<T>(p.normed, row, p.hidden, k, vec_ok, apply_norm<T>(cache[j], g, s));
+    }
   }
-  for (uint32_t k = threadIdx.x + KC * nt; k < hv; k += nt)
+  for (uint32_t k = threadIdx.x + KC * blockDim.x; k < hv; k += blockDim.x)
     store_row_chunk<T>(p.normed, row, p.hidden, k, vec_ok,
                        apply_norm<T>(load_row_chunk<T>(p.residual_out, row, p.hidden, k, vec_ok),
                                      load_row_chunk<T>(p.gamma, 0, p.hidden, k, true), s));
@@ -184,31 +256,35 @@ __device__ __forceinline__ void oneshot_norm_body(const EarFusedParams& p) {
   const uint32_t hv = row_vecs<T>(p.hidden);
   check_fused<T, N>(p, EAR_FUSED_STAGE_BYTES(p.tokens, p.hidden, sizeof(T)), p.ar.ws_max_bytes);
   pdl_wait();
-  const CallCounters c = read_state(p.ar);
+  const CallCounters c = begin_call(p.ar, next_barrier_call);
   const uint64_t m = p.ar.ws_max_bytes;
   const bool vec_ok = (p.hidden * sizeof(T)) % EAR_VEC_BYTES == 0;
   const uint64_t bank_off = EAR_OFF_ONESHOT(m, N) + (c.seq & 1u) * EAR_ONESHOT_BANK_BYTES(m);
   char* const own_bank = data_region(peer_base<N>(p.ar, p.ar.rank)) + bank_off;
 
   // 1. stage our rows (local writes).
-  for (uint64_t row = blockIdx.x; row < p.tokens; row += gridDim.x)
-    for (uint32_t k = threadIdx.x; k < hv; k += blockDim.x)
-      st_vec(own_bank + (row * hv + k) * 16, load_row_chunk<T>(p.ar.input, row, p.hidden, k, vec_ok));
+  for_cta_rows<kCopyBatch>(
+      p, hv, [&](uint64_t row, uint32_t k) { return load_row_chunk<T>(p.ar.input, row, p.hidden, k, vec_ok); },
+      [&](uint64_t row, uint32_t k, const uint4& v) { st_vec(own_bank + (row * hv + k) * 16, v); });
 
   cta_barrier<N>(p.ar, 2 * c.seq + 1);
 
   // 3. per row: pull from every bank, sum in rank order, + bias + residual, norm.
   for (uint64_t row = blockIdx.x; row < p.tokens; row += gridDim.x) {
-    rmsnorm_row<T>(p, row, hv, vec_ok, [&](uint32_t k) {
-      const uint64_t at = bank_off + (row * hv + k) * 16;
-      uint4 v[N];
+    rmsnorm_row<T, kRanksCache<N>, kPrefetchExtras<N>>(
+        p, row, hv, vec_ok,
+        [&](uint32_t k) {
+          const uint64_t at = bank_off + (row * hv + k) * 16;
+          RowIn<N> in;
 #pragma unroll
-      for (int r = 0; r < N; ++r) v[r] = ld_cg(data_region(p.ar.peer_ws[r]) + at);
-      return sum_add_residual<T, N>(p, v, row, k, vec_ok);
-    });
+          for (int r = 0; r < N; ++r) in.x.v[r] = ld_cg(data_region(p.ar.peer_ws[r]) + at);
+          fetch_extras<T, N>(p, row, k, vec_ok, in);
+          return in;
+        },
+        Arrived{}, [&](uint32_t k, const RowIn<N>& in) { return sum_add_residual<T, N>(p, in, row, k, vec_ok); });
   }
 
-  finish_call(p.ar, [&](State* st) { st->seq = c.seq + 1; });
+  finish_call();
 }
 
 // ---------------------------------------------------------------------------------------
@@ -219,7 +295,7 @@ __device__ __forceinline__ void twoshot_norm_body(const EarFusedParams& p) {
   check_fused<T, N>(p, EAR_FUSED_TWOSHOT_SEG_NEED(p.tokens, p.hidden, sizeof(T), N),
                     EAR_TWOSHOT_SEG_BYTES(m, N));
   pdl_wait();
-  const CallCounters c = read_state(p.ar);
+  const CallCounters c = begin_call(p.ar, next_barrier_call);
   const int rank = p.ar.rank;
   const bool vec_ok = (p.hidden * sizeof(T)) % EAR_VEC_BYTES == 0;
   const uint32_t cs = (hv + N - 1) / N;  // column slice, in vectors
@@ -228,56 +304,69 @@ __device__ __forceinline__ void twoshot_norm_body(const EarFusedParams& p) {
   const uint64_t gather_off = EAR_SIGNAL_BYTES + EAR_OFF_TWOSHOT_GATHER(m, N);
   char* const mine = static_cast<char*>(peer_base<N>(p.ar, rank));
 
-  // 1. scatter: slice s of our rows goes to row `rank` of rank s's stage.
-  for (uint64_t row = blockIdx.x; row < p.tokens; row += gridDim.x) {
-    for (uint32_t col = threadIdx.x; col < cs; col += blockDim.x) {
-      const uint64_t at = stage_off + rank * seg_bytes + (row * cs + col) * 16;
-#pragma unroll
-      for (int s = 0; s < N; ++s) {
-        const uint32_t k = s * cs + col;
-        if (s != rank && k < hv)
-          st_vec(static_cast<char*>(p.ar.peer_ws[s]) + at,
-                 load_row_chunk<T>(p.ar.input, row, p.hidden, k, vec_ok));
-      }
-    }
-  }
+  // 1. scatter: slice s of our rows goes to row `rank` of rank s's stage (chunk k of a row
+  // is column k % cs of slice k / cs).
+  for_cta_rows<kCopyBatch>(
+      p, hv, [&](uint64_t row, uint32_t k) { return load_row_chunk<T>(p.ar.input, row, p.hidden, k, vec_ok); },
+      [&](uint64_t row, uint32_t k, const uint4& v) {
+        const uint32_t s = k / cs;
+        if (s != static_cast<uint32_t>(rank))
+          st_vec(static_cast<char*>(peer_base<N>(p.ar, s)) + stage_off + rank * seg_bytes +
+                     (row * cs + (k - s * cs)) * 16,
+                 v);
+      });
 
   cta_barrier<N>(p.ar, 2 * c.seq + 1);
 
   // 3. our slice: reduce, + bias + residual, round; write it and push it to every peer.
-  for (uint64_t row = blockIdx.x; row < p.tokens; row += gridDim.x) {
-    for (uint32_t col = threadIdx.x; col < cs; col += blockDim.x) {
-      const uint32_t k = rank * cs + col;
-      if (k >= hv) break;  // col only grows
-      const uint64_t slot = (row * cs + col) * 16;
-      uint4 v[N];
+  const uint32_t own_first = rank * cs;
+  const uint32_t own_len = hv > own_first ? (hv - own_first < cs ? hv - own_first : cs) : 0u;
+  const uint64_t rows = p.tokens > blockIdx.x ? (p.tokens - blockIdx.x + gridDim.x - 1) / gridDim.x : 0;
+  batched_for<kReduceBatch<N>>(
+      threadIdx.x, blockDim.x, rows * own_len,
+      [&](uint64_t f) {
+        const uint64_t row = blockIdx.x + (f / own_len) * gridDim.x;
+        const uint32_t col = static_cast<uint32_t>(f % own_len);
+        const uint32_t k = own_first + col;
+        RowIn<N> in;
 #pragma unroll
-      for (int r = 0; r < N; ++r)
-        v[r] = (r == rank) ? load_row_chunk<T>(p.ar.input, row, p.hidden, k, vec_ok)
-                           : ld_cg(mine + stage_off + r * seg_bytes + slot);
-      const uint4 out = sum_add_residual<T, N>(p, v, row, k, vec_ok);
+        for (int r = 0; r < N; ++r)
+          in.x.v[r] = (r == rank) ? load_row_chunk<T>(p.ar.input, row, p.hidden, k, vec_ok)
+                                  : ld_cg(mine + stage_off + r * seg_bytes + (row * cs + col) * 16);
+        fetch_extras<T, N>(p, row, k, vec_ok, in);
+        return in;
+      },
+      [&](uint64_t f, const RowIn<N>& in) {
+        const uint64_t row = blockIdx.x + (f / own_len) * gridDim.x;
+        const uint32_t col = static_cast<uint32_t>(f % own_len);
+        const uint4 out = sum_add_residual<T, N>(p, in, row, own_first + col, vec_ok);
+        const uint64_t slot = (row * cs + col) * 16;
 #pragma unroll
-      for (int q = 0; q < N; ++q)
-        if (q != rank)
-          st_vec(static_cast<char*>(p.ar.peer_ws[q]) + gather_off + rank * seg_bytes + slot, out);
-    }
-  }
+        for (int q = 0; q < N; ++q)
+          if (q != rank)
+            st_vec(static_cast<char*>(p.ar.peer_ws[q]) + gather_off + rank * seg_bytes + slot, out);
+      });
 
   cta_barrier<N>(p.ar, 2 * c.seq + 2);
 
   // 5. full rows from our gather segments and our own slice, then the norm, locally.
   for (uint64_t row = blockIdx.x; row < p.tokens; row += gridDim.x) {
-    rmsnorm_row<T>(p, row, hv, vec_ok, [&](uint32_t k) {
-      const uint32_t s = k / cs;
-      if (s == static_cast<uint32_t>(rank))  // written in phase 3 by this CTA (bar.sync since)
-        return load_row_chunk<T>(p.residual_out, row, p.hidden, k, vec_ok);
-      const uint4 v = ld_cg(mine + gather_off + s * seg_bytes + (row * cs + (k - s * cs)) * 16);
-      store_row_chunk<T>(p.residual_out, row, p.hidden, k, vec_ok, v);
-      return v;
-    });
+    rmsnorm_row<T>(
+        p, row, hv, vec_ok,
+        [&](uint32_t k) {
+          const uint32_t s = k / cs;
+          if (s == static_cast<uint32_t>(rank))  // written in phase 3 by this CTA (bar.sync since)
+            return load_row_chunk<T>(p.residual_out, row, p.hidden, k, vec_ok);
+          return ld_cg(mine + gather_off + s * seg_bytes + (row * cs + (k - s * cs)) * 16);
+        },
+        Arrived{},
+        [&](uint32_t k, const uint4& v) {
+          if (k / cs != static_cast<uint32_t>(rank)) store_row_chunk<T>(p.residual_out, row, p.hidden, k, vec_ok, v);
+          return v;
+        });
   }
 
-  finish_call(p.ar, [&](State* st) { st->seq = c.seq + 1; });
+  finish_call();
 }
 
 // ---------------------------------------------------------------------------------------
@@ -287,34 +376,45 @@ __device__ __forceinline__ void lamport_norm_body(const EarFusedParams& p) {
   const uint64_t m = p.ar.ws_max_bytes;
   check_fused<T, N>(p, EAR_FUSED_STAGE_BYTES(p.tokens, p.hidden, sizeof(T)), EAR_LAMPORT_MAX_MSG(m));
   pdl_wait();
-  const CallCounters c = read_state(p.ar);
-  const int rank = p.ar.rank;
   const bool vec_ok = (p.hidden * sizeof(T)) % EAR_VEC_BYTES == 0;
+  const bool in_place = p.normed == p.ar.input;
+  const uint64_t vecs = p.tokens * hv;
+  const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
+  const uint64_t first = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const auto load = [&](uint64_t row, uint32_t k) {
+    return lamport_sanitize(load_row_chunk<T>(p.ar.input, row, p.hidden, k, vec_ok));
+  };
+  const auto load_flat = [&](uint64_t i) { return load(i / hv, static_cast<uint32_t>(i % hv)); };
+  const CallCounters c = begin_call(p.ar, [&](CallCounters k) { return next_lamport_call(k, vecs); });
+  const int rank = p.ar.rank;
   const uint64_t row_bytes = EAR_LAMPORT_ROW_BYTES(m);
   const uint64_t cur = c.lam_seq % 3u;
   const uint64_t prev = (c.lam_seq + 2u) % 3u;
 
-  // 1. push all our rows into row `rank` of buffer `cur` of every peer.
-  for (uint64_t row = blockIdx.x; row < p.tokens; row += gridDim.x) {
-    for (uint32_t k = threadIdx.x; k < hv; k += blockDim.x) {
-      const uint4 v = fused_lamport_sanitize(load_row_chunk<T>(p.ar.input, row, p.hidden, k, vec_ok));
+  // 1. push all our rows into row `rank` of buffer `cur` of every peer. Out of place, every
+  // CTA of the grid (it may exceed tokens) pushes a flat share; in place (normed == x) each
+  // CTA pushes only the rows it owns, so no CTA reads x of a row whose owner may already have
+  // written normed over it.
+  const uint64_t push_off = EAR_OFF_LAMPORT(m, N) + (cur * N + rank) * row_bytes;
+  const auto push = [&](uint64_t row, uint32_t k, const uint4& v) {
 #pragma unroll
-      for (int d = 1; d < N; ++d) {  // start at the next rank: spreads the NVLink traffic
-        int q = rank + d;
-        q = q >= N ? q - N : q;
-        st_vec(data_region(peer_base<N>(p.ar, q)) + EAR_OFF_LAMPORT(m, N) +
-                   (cur * N + rank) * row_bytes + (row * hv + k) * 16,
-               v);
-      }
+    for (int d = 1; d < N; ++d) {  // start at the next rank: spreads the NVLink traffic
+      int q = rank + d;
+      q = q >= N ? q - N : q;
+      st_vec(data_region(peer_base<N>(p.ar, q)) + push_off + (row * hv + k) * 16, v);
     }
+  };
+  if (in_place) {
+    for_cta_rows<kPushBatch<N>>(p, hv, load, push);
+  } else {
+    batched_for<kPushBatch<N>>(first, stride, vecs, load_flat,
+                               [&](uint64_t i, const uint4& v) { push(i / hv, static_cast<uint32_t>(i % hv), v); });
   }
 
   char* const lam = data_region(peer_base<N>(p.ar, rank)) + EAR_OFF_LAMPORT(m, N);
 
   // 2. clear what the previous Lamport call (plain or fused) left in our buffer `prev`.
   const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
-  const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
-  const uint64_t first = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
 #pragma unroll
   for (int r = 0; r < N; ++r) {
     if (r == rank) continue;
@@ -325,32 +425,23 @@ __device__ __forceinline__ void lamport_norm_body(const EarFusedParams& p) {
   // 3. per row: wait for every peer's chunk, sum in rank order, + bias + residual, norm.
   const char* const cur_rows = lam + cur * N * row_bytes;
   for (uint64_t row = blockIdx.x; row < p.tokens; row += gridDim.x) {
-    rmsnorm_row<T, kLamportCache<N>>(p, row, hv, vec_ok, [&](uint32_t k) {
-      const char* const at = cur_rows + (row * hv + k) * 16;
-      uint4 v[N];
+    rmsnorm_row<T, kRanksCache<N>, kPrefetchExtras<N>>(
+        p, row, hv, vec_ok,
+        [&](uint32_t k) {
+          const char* const at = cur_rows + (row * hv + k) * 16;
+          RowIn<N> in;
 #pragma unroll
-      for (int r = 0; r < N; ++r)
-        v[r] = (r == rank) ? load_row_chunk<T>(p.ar.input, row, p.hidden, k, vec_ok)
-                           : ld_volatile(at + r * row_bytes);
-      bool done;
-      do {
-        done = true;
-#pragma unroll
-        for (int r = 0; r < N; ++r) {
-          if (r != rank && !fused_lamport_arrived(v[r])) {
-            done = false;
-            v[r] = ld_volatile(at + r * row_bytes);
-          }
-        }
-      } while (!done);
-      return sum_add_residual<T, N>(p, v, row, k, vec_ok);
-    });
+          for (int r = 0; r < N; ++r)
+            in.x.v[r] = (r == rank) ? load_row_chunk<T>(p.ar.input, row, p.hidden, k, vec_ok)
+                                    : ld_volatile(at + r * row_bytes);
+          fetch_extras<T, N>(p, row, k, vec_ok, in);
+          return in;
+        },
+        [&](uint32_t k, RowIn<N>& in) { return lamport_poll<N>(in.x, rank, cur_rows + (row * hv + k) * 16, row_bytes); },
+        [&](uint32_t k, const RowIn<N>& in) { return sum_add_residual<T, N>(p, in, row, k, vec_ok); });
   }
 
-  finish_call(p.ar, [&](State* st) {
-    st->lam_prev_vecs = p.tokens * hv;
-    st->lam_seq = c.lam_seq + 1;
-  });
+  finish_call();
 }
 
 // ---------------------------------------------------------------------------------------
@@ -362,12 +453,16 @@ __device__ __forceinline__ void residual_rmsnorm_body(const EarFusedParams& p) {
   const uint32_t hv = row_vecs<T>(p.hidden);
   const bool vec_ok = (p.hidden * sizeof(T)) % EAR_VEC_BYTES == 0;
   for (uint64_t row = blockIdx.x; row < p.tokens; row += gridDim.x) {
-    rmsnorm_row<T>(p, row, hv, vec_ok, [&](uint32_t k) {
-      const uint4 v[1] = {load_row_chunk<T>(p.ar.input, row, p.hidden, k, vec_ok)};
-      return sum_add_residual<T, 1>(p, v, row, k, vec_ok);
-    });
+    rmsnorm_row<T>(
+        p, row, hv, vec_ok,
+        [&](uint32_t k) {
+          RowIn<1> in;
+          in.x.v[0] = load_row_chunk<T>(p.ar.input, row, p.hidden, k, vec_ok);
+          fetch_extras<T, 1>(p, row, k, vec_ok, in);
+          return in;
+        },
+        Arrived{}, [&](uint32_t k, const RowIn<1>& in) { return sum_add_residual<T, 1>(p, in, row, k, vec_ok); });
   }
-  __syncthreads();
   pdl_trigger();
 }
 

@@ -13,14 +13,15 @@
 //            high half for f16/bf16 pairs, -0.0f for f32); the sum is unchanged because the
 //            fp32 accumulator starts at +0.0f and never becomes -0 (common.cuh). Every word
 //            of a 16-byte vector is checked, so a store seen in pieces is still waited for.
-//   1. push   thread (b, t) takes vectors i = b*512 + t (grid-stride), and stores each one
+//   1. push   thread (b, t) takes vectors i = b*blockDim + t (grid-stride; the block is
+//             EAR_LAMPORT_BLOCK: 128..512 threads), and stores each one
 //             (16-byte stores) into lam(q, k % 3, rank) at 16*i of every peer q.
 //   2. clear  our buffer (k + 2) % 3 = the buffer of call k-1: zero the State::lam_prev_vecs
 //             vectors that call wrote in each peer row.
 //   3. reduce for the same vectors i, poll (ld.volatile, 16 bytes) lam(rank, k % 3, r) of
 //             every peer r until no word is zero, sum in rank order 0..N-1 (own value from
 //             our input), write our output (after reading input i: in place is safe).
-//   4. finish the last CTA sets lam_prev_vecs = vecs and lam_seq = k + 1.
+//   (begin_call sets lam_prev_vecs = vecs and lam_seq = k + 1 for the next call.)
 //
 // Why the three buffers are safe without any barrier. Invariant: when rank q starts call k,
 // its buffers k % 3 and (k+1) % 3 are all zero; buffer (k-1) % 3 holds call k-1's data.
@@ -42,40 +43,36 @@
 
 namespace ear {
 
-__device__ __forceinline__ uint32_t lamport_word(uint32_t w) { return w == 0u ? 0x80000000u : w; }
-__device__ __forceinline__ uint4 lamport_sanitize(uint4 v) {
-  return make_uint4(lamport_word(v.x), lamport_word(v.y), lamport_word(v.z), lamport_word(v.w));
-}
-__device__ __forceinline__ bool lamport_arrived(const uint4& v) {
-  return v.x != 0u && v.y != 0u && v.z != 0u && v.w != 0u;
-}
-
 template <typename T, int N>
 __device__ __forceinline__ void lamport_body(const EarAllReduceParams& p) {
-  check_params<T, N>(p, EAR_LAMPORT_MAX_MSG(p.ws_max_bytes));
+  check_params<T, N>(p, EAR_LAMPORT_MAX_MSG(p.ws_max_bytes), /*any_block=*/true);
   pdl_wait();
-  const CallCounters c = read_state(p);
+  const uint64_t vecs = vec_count<T>(p.count);
+  const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
+  const uint64_t first = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  // The first batch of inputs does not depend on the counters: loading it before
+  // begin_call overlaps its latency with the state read's.
+  const auto load = [&](uint64_t i) { return lamport_sanitize(load_input<T>(p.input, i, p.count)); };
+  uint4 head[kCopyBatch];
+  load_head(head, first, stride, vecs, load);
+  const CallCounters c = begin_call(p, [&](CallCounters k) { return next_lamport_call(k, vecs); });
   const uint64_t m = p.ws_max_bytes;
   const int rank = p.rank;
   const uint64_t row_bytes = EAR_LAMPORT_ROW_BYTES(m);
   const uint64_t cur = c.lam_seq % 3u;
   const uint64_t prev = (c.lam_seq + 2u) % 3u;
-  const uint64_t vecs = vec_count<T>(p.count);
-  const uint64_t stride = static_cast<uint64_t>(gridDim.x) * kThreads;
-  const uint64_t first = static_cast<uint64_t>(blockIdx.x) * kThreads + threadIdx.x;
 
   // 1. push our vectors into row `rank` of buffer `cur` of every peer.
-  for (uint64_t i = first; i < vecs; i += stride) {
-    const uint4 v = lamport_sanitize(load_input<T>(p.input, i, p.count));
+  const uint64_t push_off = EAR_OFF_LAMPORT(m, N) + (cur * N + rank) * row_bytes;
+  const auto push = [&](uint64_t i, const uint4& v) {
 #pragma unroll
     for (int d = 1; d < N; ++d) {  // start at the next rank: spreads the NVLink traffic
       int q = rank + d;
       q = q >= N ? q - N : q;
-      char* dst = data_region(peer_base<N>(p, q)) + EAR_OFF_LAMPORT(m, N) +
-                  (cur * N + rank) * row_bytes + i * 16;
-      st_vec(dst, v);
+      st_vec(data_region(peer_base<N>(p, q)) + push_off + i * 16, v);
     }
-  }
+  };
+  for_rest(head, first, stride, vecs, load, push);
 
   char* const mine = data_region(peer_base<N>(p, rank)) + EAR_OFF_LAMPORT(m, N);
 
@@ -88,34 +85,27 @@ __device__ __forceinline__ void lamport_body(const EarAllReduceParams& p) {
     for (uint64_t i = first; i < c.lam_prev_vecs; i += stride) st_vec(row + i * 16, zero);
   }
 
-  // 3. wait for every peer's vector i, then reduce in rank order.
+  // 3. wait for every peer's vector i, then reduce in rank order. A batch's vectors are
+  // polled together (lamport_poll).
   // Row r of buffer `cur` is at cur_rows + r * row_bytes (computed per use: an array of N
   // row pointers costs 2N registers and spills at N = 16).
   const char* const cur_rows = mine + cur * N * row_bytes;
-  for (uint64_t i = first; i < vecs; i += stride) {
-    const char* const at = cur_rows + i * 16;
-    uint4 v[N];
+  batched_for_polled<kReduceBatch<N>>(
+      first, stride, vecs,
+      [&](uint64_t i) {
+        Ranks<N> v;
 #pragma unroll
-    for (int r = 0; r < N; ++r)
-      v[r] = (r == rank) ? load_input<T>(p.input, i, p.count) : ld_volatile(at + r * row_bytes);
-    bool done;
-    do {
-      done = true;
-#pragma unroll
-      for (int r = 0; r < N; ++r) {
-        if (r != rank && !lamport_arrived(v[r])) {
-          done = false;
-          v[r] = ld_volatile(at + r * row_bytes);
-        }
-      }
-    } while (!done);
-    store_output<T>(p.output, i, p.count, reduce_in_rank_order<T, N>(v));
-  }
+        for (int r = 0; r < N; ++r)
+          v.v[r] = (r == rank) ? load_input<T>(p.input, i, p.count)
+                               : ld_volatile(cur_rows + r * row_bytes + i * 16);
+        return v;
+      },
+      [&](uint64_t i, Ranks<N>& v) { return lamport_poll<N>(v, rank, cur_rows + i * 16, row_bytes); },
+      [&](uint64_t i, const Ranks<N>& v) {
+        store_output<T>(p.output, i, p.count, reduce_in_rank_order<T, N>(v.v));
+      });
 
-  finish_call(p, [&](State* st) {
-    st->lam_prev_vecs = vecs;
-    st->lam_seq = c.lam_seq + 1;
-  });
+  finish_call();
 }
 
 }  // namespace ear

@@ -20,6 +20,16 @@ uint32_t ear_grid(uint64_t work_vecs, uint32_t max_blocks)
     return EAR_GRID(work_vecs, max_blocks);
 }
 
+uint32_t ear_lamport_block(uint64_t vecs, uint32_t max_blocks)
+{
+    return EAR_LAMPORT_BLOCK(vecs, max_blocks);
+}
+
+uint32_t ear_lamport_grid(uint64_t vecs, uint32_t max_blocks)
+{
+    return EAR_LAMPORT_GRID(vecs, max_blocks);
+}
+
 uint64_t ear_params_size(void)
 {
     return sizeof(EarAllReduceParams);
@@ -40,6 +50,11 @@ uint32_t ear_fused_block(uint32_t hidden, uint32_t elem)
 uint32_t ear_fused_grid(uint64_t tokens, uint32_t max_blocks)
 {
     return EAR_FUSED_GRID(tokens, max_blocks);
+}
+
+uint32_t ear_fused_lamport_grid(uint64_t tokens, uint32_t hidden, uint32_t elem, uint32_t max_blocks)
+{
+    return ear_fused_lamport_grid_of(tokens, hidden, elem, max_blocks);
 }
 
 int ear_fused_fits(int family, uint64_t tokens, uint32_t hidden, uint32_t elem, uint64_t max_msg_bytes, int32_t nranks)

@@ -8,7 +8,7 @@
 //   2. barrier cta_barrier(2*seq+1): CTA b of every rank has staged its vectors.
 //   3. reduce CTA b loads the SAME vectors from the bank of every rank (N-1 NVLink reads),
 //             sums them in rank order 0..N-1 in fp32, writes our output.
-//   4. finish the last CTA advances seq.
+//   (begin_call advances seq for the next call; see State in common.cuh.)
 //   Who writes what: rank r writes only its own bank and peers' signal slots; peers only
 //   read rank r's bank. Each thread reads in step 3 exactly the vectors the same-index
 //   thread of every rank wrote in step 1, so the per-CTA barrier is enough; the same
@@ -31,7 +31,7 @@ template <typename T, int N>
 __device__ __forceinline__ void oneshot_body(const EarAllReduceParams& p) {
   check_params<T, N>(p, p.ws_max_bytes);
   pdl_wait();
-  const CallCounters c = read_state(p);
+  const CallCounters c = begin_call(p, next_barrier_call);
   const uint64_t m = p.ws_max_bytes;
   const uint64_t vecs = vec_count<T>(p.count);
   const uint64_t bank_off =
@@ -40,22 +40,28 @@ __device__ __forceinline__ void oneshot_body(const EarAllReduceParams& p) {
   const uint64_t stride = static_cast<uint64_t>(gridDim.x) * kThreads;
   const uint64_t first = static_cast<uint64_t>(blockIdx.x) * kThreads + threadIdx.x;
 
-  for (uint64_t i = first; i < vecs; i += stride)
-    st_vec(own_bank + i * 16, load_input<T>(p.input, i, p.count));
+  batched_for<kCopyBatch>(
+      first, stride, vecs, [&](uint64_t i) { return load_input<T>(p.input, i, p.count); },
+      [&](uint64_t i, const uint4& v) { st_vec(own_bank + i * 16, v); });
 
   cta_barrier<N>(p, 2 * c.seq + 1);
 
   const char* banks[N];
 #pragma unroll
   for (int r = 0; r < N; ++r) banks[r] = data_region(p.peer_ws[r]) + bank_off;
-  for (uint64_t i = first; i < vecs; i += stride) {
-    uint4 v[N];
+  batched_for<kReduceBatch<N>>(
+      first, stride, vecs,
+      [&](uint64_t i) {
+        Ranks<N> v;
 #pragma unroll
-    for (int r = 0; r < N; ++r) v[r] = ld_cg(banks[r] + i * 16);
-    store_output<T>(p.output, i, p.count, reduce_in_rank_order<T, N>(v));
-  }
+        for (int r = 0; r < N; ++r) v.v[r] = ld_cg(banks[r] + i * 16);
+        return v;
+      },
+      [&](uint64_t i, const Ranks<N>& v) {
+        store_output<T>(p.output, i, p.count, reduce_in_rank_order<T, N>(v.v));
+      });
 
-  finish_call(p, [&](State* st) { st->seq = c.seq + 1; });
+  finish_call();
 }
 
 }  // namespace ear

@@ -19,7 +19,7 @@
 //               segment `rank` of every peer.
 //   4. barrier  cta_barrier(2*seq+2).
 //   5. gather   copy our gather segments s != rank at j into our output (local reads).
-//   6. finish   the last CTA advances seq.
+//   (begin_call advances seq for the next call; see State in common.cuh.)
 //   In place: each output vector is written by the thread that read the matching input
 //   vector, after reading it.
 //
@@ -40,7 +40,7 @@ template <typename T, int N>
 __device__ __forceinline__ void twoshot_body(const EarAllReduceParams& p) {
   check_params<T, N>(p, p.ws_max_bytes);
   pdl_wait();
-  const CallCounters c = read_state(p);
+  const CallCounters c = begin_call(p, next_barrier_call);
   const uint64_t m = p.ws_max_bytes;
   const int rank = p.rank;
   const uint64_t vecs = vec_count<T>(p.count);
@@ -57,48 +57,67 @@ __device__ __forceinline__ void twoshot_body(const EarAllReduceParams& p) {
   char* const my_gather = data_region(peer_base<N>(p, rank)) + EAR_OFF_TWOSHOT_GATHER(m, N);
 
   // 1. scatter: our piece of segment s goes to row `rank` of rank s's stage.
-  for (uint64_t j = first; j < seg; j += stride) {
+  batched_for<kReduceBatch<N>>(
+      first, stride, seg,
+      [&](uint64_t j) {
+        Ranks<N> v;
 #pragma unroll
-    for (int s = 0; s < N; ++s) {
-      const uint64_t vi = s * seg + j;
-      if (s != rank && vi < vecs)
-        st_vec(static_cast<char*>(p.peer_ws[s]) + stage_off + rank * seg_bytes + j * 16,
-               load_input<T>(p.input, vi, p.count));
-    }
-  }
+        for (int s = 0; s < N; ++s) {
+          const uint64_t vi = s * seg + j;
+          if (s != rank && vi < vecs) v.v[s] = load_input<T>(p.input, vi, p.count);
+        }
+        return v;
+      },
+      [&](uint64_t j, const Ranks<N>& v) {
+#pragma unroll
+        for (int s = 0; s < N; ++s)
+          if (s != rank && s * seg + j < vecs)
+            st_vec(static_cast<char*>(p.peer_ws[s]) + stage_off + rank * seg_bytes + j * 16, v.v[s]);
+      });
 
   cta_barrier<N>(p, 2 * c.seq + 1);
 
   // 3. reduce our segment; the result goes to our output and to every peer's gather.
-  for (uint64_t j = first; j < seg; j += stride) {
-    const uint64_t vi = static_cast<uint64_t>(rank) * seg + j;
-    if (vi >= vecs) break;  // j only grows
-    uint4 v[N];
+  const uint64_t own_first = static_cast<uint64_t>(rank) * seg;
+  const uint64_t own_len = vecs > own_first ? (vecs - own_first < seg ? vecs - own_first : seg) : 0;
+  batched_for<kReduceBatch<N>>(
+      first, stride, own_len,
+      [&](uint64_t j) {
+        Ranks<N> v;
 #pragma unroll
-    for (int r = 0; r < N; ++r)
-      v[r] = (r == rank) ? load_input<T>(p.input, vi, p.count)
-                         : ld_cg(my_stage + r * seg_bytes + j * 16);
-    const uint4 sum = reduce_in_rank_order<T, N>(v);
+        for (int r = 0; r < N; ++r)
+          v.v[r] = (r == rank) ? load_input<T>(p.input, own_first + j, p.count)
+                               : ld_cg(my_stage + r * seg_bytes + j * 16);
+        return v;
+      },
+      [&](uint64_t j, const Ranks<N>& v) {
+        const uint4 sum = reduce_in_rank_order<T, N>(v.v);
 #pragma unroll
-    for (int q = 0; q < N; ++q)
-      if (q != rank)
-        st_vec(static_cast<char*>(p.peer_ws[q]) + gather_off + rank * seg_bytes + j * 16, sum);
-    store_output<T>(p.output, vi, p.count, sum);
-  }
+        for (int q = 0; q < N; ++q)
+          if (q != rank)
+            st_vec(static_cast<char*>(p.peer_ws[q]) + gather_off + rank * seg_bytes + j * 16, sum);
+        store_output<T>(p.output, own_first + j, p.count, sum);
+      });
 
   cta_barrier<N>(p, 2 * c.seq + 2);
 
   // 5. gather the other segments from our own memory.
-  for (uint64_t j = first; j < seg; j += stride) {
+  batched_for<kReduceBatch<N>>(
+      first, stride, seg,
+      [&](uint64_t j) {
+        Ranks<N> v;
 #pragma unroll
-    for (int s = 0; s < N; ++s) {
-      const uint64_t vi = s * seg + j;
-      if (s != rank && vi < vecs)
-        store_output<T>(p.output, vi, p.count, ld_cg(my_gather + s * seg_bytes + j * 16));
-    }
-  }
+        for (int s = 0; s < N; ++s)
+          if (s != rank && s * seg + j < vecs) v.v[s] = ld_cg(my_gather + s * seg_bytes + j * 16);
+        return v;
+      },
+      [&](uint64_t j, const Ranks<N>& v) {
+#pragma unroll
+        for (int s = 0; s < N; ++s)
+          if (s != rank && s * seg + j < vecs) store_output<T>(p.output, s * seg + j, p.count, v.v[s]);
+      });
 
-  finish_call(p, [&](State* st) { st->seq = c.seq + 1; });
+  finish_call();
 }
 
 }  // namespace ear

@@ -12,10 +12,10 @@ include!(concat!(env!("OUT_DIR"), "/kernels.rs"));
 
 /// `EAR_MAX_RANKS`.
 pub const MAX_RANKS: usize = 16;
-/// `EAR_BLOCK_THREADS`: every kernel runs with this block size.
+/// `EAR_BLOCK_THREADS`: the block of the one-shot and two-shot kernels (Lamport: at most this).
 pub const BLOCK_THREADS: u32 = 512;
 /// `EAR_MAX_BLOCKS`.
-pub const MAX_BLOCKS: u32 = 64;
+pub const MAX_BLOCKS: u32 = 128;
 /// Rank counts the kernels are instantiated for.
 pub const RANK_COUNTS: [i32; 5] = [2, 4, 6, 8, 16];
 
@@ -53,12 +53,15 @@ pub struct FusedParams {
 extern "C" {
     fn ear_fused_block(hidden: u32, elem: u32) -> u32;
     fn ear_fused_grid(tokens: u64, max_blocks: u32) -> u32;
+    fn ear_fused_lamport_grid(tokens: u64, hidden: u32, elem: u32, max_blocks: u32) -> u32;
     fn ear_fused_fits(family: i32, tokens: u64, hidden: u32, elem: u32, max_msg_bytes: u64, nranks: i32) -> i32;
     #[allow(dead_code)] // the layout test compares it with FusedParams
     fn ear_fused_params_size() -> u64;
     fn ear_workspace_bytes(max_msg_bytes: u64, nranks: i32) -> u64;
     fn ear_lamport_max_msg(max_msg_bytes: u64) -> u64;
     fn ear_grid(work_vecs: u64, max_blocks: u32) -> u32;
+    fn ear_lamport_block(vecs: u64, max_blocks: u32) -> u32;
+    fn ear_lamport_grid(vecs: u64, max_blocks: u32) -> u32;
     #[allow(dead_code)] // the layout test compares it with AllReduceParams
     fn ear_params_size() -> u64;
     fn ear_state_bytes() -> u32;
@@ -207,7 +210,11 @@ impl DeviceKernels {
             Error::invalid(format!("no fused {family:?} kernel for {dtype:?} and {} ranks", params.ar.nranks))
         })?;
         let block = ear_fused_block(params.hidden, dtype.size() as u32);
-        let grid = ear_fused_grid(params.tokens, max_blocks.clamp(1, MAX_BLOCKS));
+        let cap = max_blocks.clamp(1, MAX_BLOCKS);
+        let grid = match family {
+            Family::Lamport => ear_fused_lamport_grid(params.tokens, params.hidden, dtype.size() as u32, cap),
+            _ => ear_fused_grid(params.tokens, cap),
+        };
         cuda::launch(f, grid, block, stream, params, self.pdl)
     }
 
@@ -241,9 +248,13 @@ impl DeviceKernels {
             .function(family, Op::AllReduce, dtype, params.nranks)
             .ok_or_else(|| Error::invalid(format!("no {family:?} kernel for {dtype:?} and {} ranks", params.nranks)))?;
         let vecs = (params.count * dtype.size() as u64).div_ceil(16);
-        let work = if family == Family::TwoShot { vecs.div_ceil(params.nranks as u64) } else { vecs };
-        let grid = ear_grid(work, max_blocks.clamp(1, MAX_BLOCKS));
-        cuda::launch(f, grid, BLOCK_THREADS, stream, params, self.pdl)
+        let cap = max_blocks.clamp(1, MAX_BLOCKS);
+        let (grid, block) = match family {
+            Family::Lamport => (ear_lamport_grid(vecs, cap), ear_lamport_block(vecs, cap)),
+            Family::TwoShot => (ear_grid(vecs.div_ceil(params.nranks as u64), cap), BLOCK_THREADS),
+            _ => (ear_grid(vecs, cap), BLOCK_THREADS),
+        };
+        cuda::launch(f, grid, block, stream, params, self.pdl)
     }
 }
 
@@ -298,8 +309,26 @@ mod tests {
         assert_eq!(unsafe { ear_fused_block(4096, 2) }, 512);
         assert_eq!(unsafe { ear_fused_block(256, 2) }, 32);
         assert_eq!(unsafe { ear_fused_grid(1000, 32) }, 32);
+        // Lamport: blocks of 128..512 threads spread mid-size messages over max_blocks CTAs.
+        let lamport = |vecs: u64, cap: u32| unsafe { (ear_lamport_grid(vecs, cap), ear_lamport_block(vecs, cap)) };
+        assert_eq!(lamport(1, 64), (1, 128));
+        assert_eq!(lamport(512, 64), (4, 128), "8 KiB");
+        assert_eq!(lamport(4096, 64), (32, 128), "64 KiB");
+        assert_eq!(lamport(32768, 128), (128, 256), "512 KiB");
+        assert_eq!(lamport(32768, 64), (64, 512));
+        assert_eq!(lamport(1 << 20, 64), (64, 512), "grid-stride beyond 512 threads x max_blocks");
+        assert_eq!(lamport(100, 64), (1, 128));
+        // The fused Lamport grid covers every vector once (one per thread), at least one CTA per row.
+        let fused = |t: u64, h: u32, cap: u32| unsafe { ear_fused_lamport_grid(t, h, 2, cap) };
+        assert_eq!(fused(1, 4096, 64), 1, "512 vectors: one CTA");
+        assert_eq!(fused(1, 16384, 128), 4, "one row, four CTAs push it");
+        assert_eq!(fused(32, 8192, 128), 64, "32 rows of 1024 vectors, 512 threads");
+        assert_eq!(fused(128, 8192, 128), 128, "256 CTAs would push one vector each: capped");
+        assert_eq!(fused(128, 8192, 64), 64);
+        assert_eq!(fused(100, 256, 64), 64, "rows of 32 vectors: one CTA per row, capped");
+        assert_eq!(fused(3, 256, 64), 3);
         assert!(fused_fits(Family::OneShot, 128, 8192, 2, 16 << 20, 2));
         assert!(!fused_fits(Family::Lamport, 1024, 8192, 2, 16 << 20, 2), "over the 2 MiB Lamport cap");
-        assert!(state_bytes() >= 64);
+        assert_eq!(state_bytes(), 32 * MAX_BLOCKS as usize, "one copy of the counters per CTA index");
     }
 }

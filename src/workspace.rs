@@ -33,11 +33,23 @@ pub fn max_message_bytes(nranks: i32) -> u64 {
     }
 }
 
-/// Default grid cap of a real group (one rank per GPU): 64, the kernels' maximum; on 2 x H200
-/// it took the two-shot from 73 to 61 us at 16 MiB and from 294 to 243 us at 64 MiB against 32
-/// (docs/PERFORMANCE.md). `EDGELLM_ALLREDUCE_MAX_BLOCKS` overrides.
+/// Default grid cap of a real group (one rank per GPU): 128, the kernels' maximum, and never more
+/// than the SM count of any rank's GPU (all CTAs must be co-resident). On 2 x H200, 128 against
+/// 64 took the two-shot from 241 to 214 us at 64 MiB and Lamport from 6.5 to 5.7 us at 1 MiB
+/// (docs/PERFORMANCE.md). `EDGELLM_ALLREDUCE_MAX_BLOCKS` overrides (1 to kernels::MAX_BLOCKS).
+const DEFAULT_MAX_BLOCKS: u32 = kernels::MAX_BLOCKS;
 fn default_max_blocks() -> u32 {
-    std::env::var("EDGELLM_ALLREDUCE_MAX_BLOCKS").ok().and_then(|v| v.parse().ok()).unwrap_or(kernels::MAX_BLOCKS)
+    std::env::var("EDGELLM_ALLREDUCE_MAX_BLOCKS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(DEFAULT_MAX_BLOCKS)
+        .clamp(1, kernels::MAX_BLOCKS)
+}
+
+/// The grid cap of a rank on `device`: the default, at most the device's SM count.
+fn device_max_blocks(device: i32) -> Result<u32> {
+    let sms = kernels::for_device(device)?.sm_count.max(1) as u32;
+    Ok(default_max_blocks().min(sms))
 }
 
 /// A message as the kernels see it: its bytes, and for the fused op its rows.
@@ -173,15 +185,15 @@ impl Group {
                 }
             }
         }
-        Self::allocate(devices, max_bytes, default_max_blocks())
+        let max_blocks = devices.iter().map(|&d| device_max_blocks(d)).collect::<Result<Vec<_>>>()?;
+        Self::allocate(devices, max_bytes, max_blocks.into_iter().min().unwrap_or(1))
     }
 
     /// `nranks` simulated ranks on one device, for tests and benchmarks. Each rank's grid is
-    /// capped at SMs / nranks so that all ranks' CTAs are co-resident (they spin on each other),
-    /// and at 32 as the simulation has always run.
+    /// capped at SMs / nranks so that all ranks' CTAs are co-resident (they spin on each other).
     pub fn simulated(device: i32, nranks: i32, max_bytes: u64) -> Result<Group> {
         let sms = kernels::for_device(device)?.sm_count as u32;
-        let max_blocks = default_max_blocks().min(32).min((sms / nranks.max(1) as u32).max(1));
+        let max_blocks = default_max_blocks().min((sms / nranks.max(1) as u32).max(1));
         Self::allocate(&vec![device; nranks.max(0) as usize], max_bytes, max_blocks)
     }
 
@@ -384,6 +396,8 @@ struct Record {
     max_bytes: u64,
     host: u64,
     handle: [u8; 64],
+    /// This rank's grid cap; the group takes the smallest.
+    max_blocks: u32,
 }
 
 const RECORD_MAGIC: u32 = 0x4541_5257; // "EARW"
@@ -399,6 +413,7 @@ impl Record {
         b[16..24].copy_from_slice(&self.max_bytes.to_le_bytes());
         b[24..32].copy_from_slice(&self.host.to_le_bytes());
         b[32..96].copy_from_slice(&self.handle);
+        b[96..100].copy_from_slice(&self.max_blocks.to_le_bytes());
         b
     }
     fn decode(b: &[u8]) -> Option<Record> {
@@ -411,6 +426,7 @@ impl Record {
             max_bytes: u64_at(16),
             host: u64_at(24),
             handle: b[32..96].try_into().unwrap(),
+            max_blocks: u32_at(96),
         })
     }
 }
@@ -421,7 +437,12 @@ fn agree(records: &[Option<Record>], mine: &Record) -> bool {
     records.len() == mine.nranks as usize
         && records.iter().enumerate().all(|(r, rec)| {
             rec.as_ref().is_some_and(|rec| {
-                rec.ok && rec.nranks == mine.nranks && rec.rank == r as i32 && rec.max_bytes == mine.max_bytes && rec.host == mine.host
+                rec.ok
+                    && rec.nranks == mine.nranks
+                    && rec.rank == r as i32
+                    && rec.max_bytes == mine.max_bytes
+                    && rec.host == mine.host
+                    && (1..=kernels::MAX_BLOCKS).contains(&rec.max_blocks)
             })
         })
 }
@@ -455,14 +476,17 @@ pub fn exchange(device: i32, registration: &Registration, info: CommInfo) -> Res
             max_bytes,
             host: host_id(),
             handle: handle.unwrap_or([0; 64]),
+            max_blocks: device_max_blocks(device).unwrap_or(1),
         };
         let gathered = communicator::all_gather(registration, info.nranks, &mine.encode());
-        let mut group = Group::empty(info.nranks, max_bytes, default_max_blocks());
+        let mut group = Group::empty(info.nranks, max_bytes, 1);
         let mut mapped_all = false;
         if let (Ok(all), Some(m)) = (&gathered, &member) {
             let records: Vec<Option<Record>> = all.chunks_exact(RECORD_BYTES).map(Record::decode).collect();
             if agree(&records, &mine) {
                 mapped_all = true;
+                // Every rank sees the same records: the same grid cap everywhere.
+                group.max_blocks = records.iter().flatten().map(|r| r.max_blocks).min().unwrap_or(1);
                 for (r, rec) in records.iter().flatten().enumerate() {
                     if r as i32 == info.rank {
                         group.peer_ws[r] = m.workspace;
@@ -513,7 +537,7 @@ mod tests {
     use super::*;
 
     fn record(rank: i32) -> Record {
-        Record { ok: true, nranks: 2, rank, max_bytes: 16_000_000, host: host_id(), handle: [rank as u8; 64] }
+        Record { ok: true, nranks: 2, rank, max_bytes: 16_000_000, host: host_id(), handle: [rank as u8; 64], max_blocks: 128 - rank as u32 }
     }
     fn round_trip(r: &Record) -> Option<Record> {
         Record::decode(&r.encode())
@@ -522,7 +546,7 @@ mod tests {
     #[test]
     fn exchange_records_round_trip() {
         let r = round_trip(&record(1)).unwrap();
-        assert_eq!((r.ok, r.nranks, r.rank, r.max_bytes, r.host, r.handle), (true, 2, 1, 16_000_000, host_id(), [1; 64]));
+        assert_eq!((r.ok, r.nranks, r.rank, r.max_bytes, r.host, r.handle, r.max_blocks), (true, 2, 1, 16_000_000, host_id(), [1; 64], 127));
         assert!(Record::decode(&[0u8; RECORD_BYTES]).is_none(), "no magic, no record");
         assert!(Record::decode(&[0u8; 8]).is_none());
     }
@@ -547,6 +571,9 @@ mod tests {
         assert!(!agree(&all(&|r| r.max_bytes = 8_000_000), &mine), "different workspace settings");
         assert!(!agree(&all(&|r| r.rank = 0), &mine), "ranks out of order");
         assert!(!agree(&all(&|r| r.nranks = 4), &mine));
+        assert!(agree(&all(&|r| r.max_blocks = 66), &mine), "grid caps may differ: the group takes the smallest");
+        assert!(!agree(&all(&|r| r.max_blocks = 0), &mine), "a grid cap out of range");
+        assert!(!agree(&all(&|r| r.max_blocks = kernels::MAX_BLOCKS + 1), &mine));
         assert!(!agree(&[round_trip(&mine), None], &mine), "a garbled record");
         assert!(!agree(&[round_trip(&mine)], &mine), "a missing rank");
     }

@@ -99,6 +99,10 @@ struct RunArgs {
     /// Calls per timed batch [50; --quick: 10].
     #[arg(long)]
     replays: Option<u32>,
+    /// All-reduces (or fused ops) captured back to back in each graph; times are per op. 1
+    /// charges every op a whole graph launch; the peer figures of anchors-2xh200.md used 20.
+    #[arg(long, default_value_t = 1)]
+    graph_ops: u32,
     /// Timed batches; the median is over them [15; --quick: 5].
     #[arg(long)]
     batches: Option<u32>,
@@ -246,6 +250,7 @@ fn run(a: RunArgs) -> i32 {
     let quick = a.quick;
     let settings = Settings {
         replays: a.replays.unwrap_or(if quick { 10 } else { 50 }).max(1),
+        graph_ops: a.graph_ops.max(1),
         batches: a.batches.unwrap_or(if quick { 5 } else { 15 }).max(1),
         warmup: a.warmup.unwrap_or(if quick { 1 } else { 3 }),
         eager: !a.no_eager,
@@ -345,7 +350,8 @@ fn run(a: RunArgs) -> i32 {
         );
     }
     println!(
-        "timing: each CUDA graph holds one all-reduce{}{}; {} replays per batch, {} warm-up + {} timed batches, median (p10, p90 in the CSV){}",
+        "timing: each CUDA graph holds {} all-reduce(s) back to back, times per op{}{}; {} replays per batch, {} warm-up + {} timed batches, median (p10, p90 in the CSV){}",
+        settings.graph_ops,
         if a.mode == Mode::Sim { " (fork, N rank launches, join)" } else { ", one graph per device, batches started together" },
         if plan.fused_cases.is_empty() { "" } else { " or one complete fused op (all its kernels)" },
         settings.replays,

@@ -5,7 +5,8 @@
 //! [`Team`] at every point where they must agree. Steps:
 //! 1. check: outputs poisoned, one all-reduce (or fused op), every rank's output(s)
 //!    bit-identical and within tolerance of the fp64 reference (a failure skips the timing);
-//! 2. capture ONE all-reduce into a CUDA graph (per thread: one graph per device in real mode);
+//! 2. capture `graph_ops` (default 1) all-reduces, back to back, into a CUDA graph (per thread:
+//!    one graph per device in real mode); times are per all-reduce;
 //! 3. graph timing: `warmup + batches` batches; each batch is enqueued on every device behind
 //!    a closed [`Gate`] (start event, the graph replayed `replays` times back to back, stop
 //!    event), then the gate opens for all devices at once; per-call time = elapsed / replays;
@@ -29,6 +30,8 @@ use std::sync::{Arc, Mutex};
 #[derive(Clone, Copy, Debug)]
 pub struct Settings {
     pub replays: u32,
+    /// Ops captured back to back in each graph; times are per op.
+    pub graph_ops: u32,
     pub batches: u32,
     pub warmup: u32,
     pub eager: bool,
@@ -155,6 +158,7 @@ impl Measured {
         r.eager_us = self.eager;
         r.replays = settings.replays;
         r.batches = settings.batches;
+        r.graph_ops = settings.graph_ops;
         r.note = self.note.clone();
         r.derive_bandwidths(roof_gbps);
     }
@@ -194,11 +198,11 @@ pub struct Gated<'a> {
     pub device_ptr: u64,
 }
 
-/// Times `warmup + batches` batches of `replays` calls of `launch`; the slowest thread's
-/// per-call time of each timed batch (µs). With a gate, each batch is enqueued behind it and
+/// Times `warmup + batches` batches of `replays` calls of `launch`, each `ops` ops; the slowest
+/// thread's per-op time of each timed batch (µs). With a gate, each batch is enqueued behind it and
 /// rank 0 opens it once every thread has enqueued; without, the threads start together from a
 /// spinning barrier.
-fn batches(runner: &impl Runner, team: &impl Team, timer: &Timer, s: &Settings, gate: Option<Gated>, launch: &dyn Fn() -> Res<()>) -> Result<Vec<f64>, Fatal> {
+fn batches(runner: &impl Runner, team: &impl Team, timer: &Timer, s: &Settings, ops: u32, gate: Option<Gated>, launch: &dyn Fn() -> Res<()>) -> Result<Vec<f64>, Fatal> {
     let stream = runner.stream();
     let gate = gate.filter(|_| s.replays <= GATE_MAX_CALLS);
     let mut mine = Vec::new();
@@ -222,7 +226,7 @@ fn batches(runner: &impl Runner, team: &impl Team, timer: &Timer, s: &Settings, 
             }
         }
         all?;
-        let us = timer.wait_per_call_us(s.replays);
+        let us = timer.wait_per_call_us(s.replays * ops);
         agree(team, &us.as_ref().map(|_| ()).map_err(Clone::clone))?;
         let us = us.expect("agreed");
         if b >= s.warmup {
@@ -243,7 +247,7 @@ pub fn measure(runner: &impl Runner, team: &impl Team, timer: &Timer, s: &Settin
         m.note = format!("check before timing: {e}");
         return Ok(m);
     }
-    let graph = capture(runner.stream(), || runner.enqueue());
+    let graph = capture(runner.stream(), || (0..s.graph_ops).try_for_each(|_| runner.enqueue()));
     let captured: Vec<Option<String>> = team.gather(graph.as_ref().err().cloned());
     if let Some((rank, e)) = captured.into_iter().enumerate().find_map(|(r, e)| e.map(|e| (r, e))) {
         m.status = Some(Status::Error);
@@ -252,10 +256,10 @@ pub fn measure(runner: &impl Runner, team: &impl Team, timer: &Timer, s: &Settin
     }
     let graph = graph.expect("every rank captured");
     let replay = || graph.launch().map_err(|e| format!("cuGraphLaunch: {e:?}"));
-    m.graph = Some(stats::summarize(&batches(runner, team, timer, s, gate, &replay)?));
+    m.graph = Some(stats::summarize(&batches(runner, team, timer, s, s.graph_ops, gate, &replay)?));
     if s.eager {
         // Eager is ungated: the host's launch cost is part of what it measures.
-        m.eager = Some(stats::summarize(&batches(runner, team, timer, s, None, &eager)?).median);
+        m.eager = Some(stats::summarize(&batches(runner, team, timer, s, 1, None, &eager)?).median);
     }
     match checked(runner, team, &replay)? {
         Ok(_) => m.status = Some(Status::Ok),

@@ -58,6 +58,8 @@ pub struct Record {
     pub roof_frac: Option<f64>,
     pub replays: u32,
     pub batches: u32,
+    /// Ops captured back to back in each graph (`--graph-ops`); the time is per op.
+    pub graph_ops: u32,
     pub device: String,
     pub note: String,
     /// Fused rows: the shape, "8x4096" or "8x4096+bias" (tokens x hidden, with a bias input);
@@ -84,6 +86,7 @@ impl Record {
             roof_frac: None,
             replays: 0,
             batches: 0,
+            graph_ops: 1,
             device: device.into(),
             note: String::new(),
             shape: String::new(),
@@ -111,12 +114,12 @@ impl Record {
     }
 }
 
-/// The CSV's columns; `shape` (the last) may be missing from older files.
-pub const HEADER: [&str; 19] = [
+/// The CSV's columns; `shape` and `graph_ops` (the last two) may be missing from older files.
+pub const HEADER: [&str; 20] = [
     "mode", "ranks", "dtype", "bytes", "strategy", "path", "status", "median_us", "p10_us", "p90_us", "eager_us",
-    "algbw_GBps", "busbw_GBps", "roof_frac", "replays", "batches", "device", "note", "shape",
+    "algbw_GBps", "busbw_GBps", "roof_frac", "replays", "batches", "device", "note", "shape", "graph_ops",
 ];
-const OPTIONAL_COLUMNS: usize = 1;
+const OPTIONAL_COLUMNS: usize = 2;
 
 fn quote(field: &str) -> String {
     if field.contains([',', '"', '\n', '\r']) {
@@ -151,6 +154,7 @@ pub fn csv_line(r: &Record) -> String {
         r.device.clone(),
         r.note.clone(),
         r.shape.clone(),
+        r.graph_ops.to_string(),
     ];
     fields.iter().map(|f| quote(f)).collect::<Vec<_>>().join(",")
 }
@@ -224,6 +228,7 @@ pub fn parse_csv(text: &str) -> Result<Vec<Record>, String> {
             device: get(16).into(),
             note: get(17).into(),
             shape: get(18).into(),
+            graph_ops: int(19).unwrap_or(1).max(1) as u32,
         });
     }
     Ok(out)
@@ -604,10 +609,20 @@ mod tests {
         let key = |r: &Record| (r.strategy.clone(), r.shape.clone(), r.bytes, r.path.clone(), r.status, r.median_us);
         let back = parse_csv(&text).unwrap();
         assert_eq!(back.iter().map(key).collect::<Vec<_>>(), records.iter().map(key).collect::<Vec<_>>());
-        let old: String = text.lines().map(|l| l.rsplit_once(',').unwrap().0.to_string() + "\n").collect();
+        assert!(back.iter().all(|r| r.graph_ops == 1));
+        // An older CSV, without the shape and graph_ops columns.
+        let old: String = text
+            .lines()
+            .map(|l| l.rsplit_once(',').unwrap().0.rsplit_once(',').unwrap().0.to_string() + "\n")
+            .collect();
         let back = parse_csv(&old).unwrap();
         assert_eq!((back.len(), key(&back[0])), (records.len(), key(&records[0])));
-        assert!(back.iter().all(|r| r.shape.is_empty()));
+        assert!(back.iter().all(|r| r.shape.is_empty() && r.graph_ops == 1));
+        // graph_ops round-trips.
+        let mut twenty = records[0].clone();
+        twenty.graph_ops = 20;
+        let text = format!("{}\n{}\n", HEADER.join(","), csv_line(&twenty));
+        assert_eq!(parse_csv(&text).unwrap()[0].graph_ops, 20);
         // Only fused rows: no plain block, no plain legend.
         let only: Vec<Record> = records.iter().filter(|r| r.is_fused() || r.strategy == FLOOR).cloned().collect();
         let t = table(&only);

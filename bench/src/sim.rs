@@ -137,7 +137,7 @@ impl Runner for SimFusedRun<'_> {
 }
 
 /// Times `launch` alone (one thread, no checks), gated as the rows are: the per-call µs summary.
-fn time_alone(stream: &CudaStream, timer: &Timer, s: &Settings, gate: Option<Gated>, launch: &dyn Fn() -> Res<()>) -> Res<stats::Summary> {
+fn time_alone(stream: &CudaStream, timer: &Timer, s: &Settings, ops: u32, gate: Option<Gated>, launch: &dyn Fn() -> Res<()>) -> Res<stats::Summary> {
     let gate = gate.filter(|_| s.replays <= GATE_MAX_CALLS);
     let mut times = Vec::new();
     for b in 0..s.warmup + s.batches {
@@ -152,7 +152,7 @@ fn time_alone(stream: &CudaStream, timer: &Timer, s: &Settings, gate: Option<Gat
         }
         enqueued?;
         stop.record(stream).ctx("cuEventRecord")?;
-        let us = timer.wait_per_call_us(s.replays)?;
+        let us = timer.wait_per_call_us(s.replays * ops)?;
         if b >= s.warmup {
             times.push(us);
         }
@@ -173,7 +173,7 @@ fn roofline(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, timer: &Timer, s: 
     };
     let graph = capture(stream, copy)?;
     let settings = Settings { replays: s.replays.min(20), ..*s };
-    let t = time_alone(stream, timer, &settings, gate, &|| graph.launch().ctx("cuGraphLaunch"))?;
+    let t = time_alone(stream, timer, &settings, 1, gate, &|| graph.launch().ctx("cuGraphLaunch"))?;
     stream.synchronize().ctx("synchronize")?;
     Ok((bytes as u64, t, 2.0 * bytes as f64 / (t.median * 1e-6) / 1e9))
 }
@@ -328,8 +328,8 @@ pub fn run(plan_: &Plan, sink: &Mutex<Sink>) -> Result<(), Fatal> {
         // The floor of the method: fork, a 1-byte memset per rank stream, join.
         sink.lock().unwrap().message(format!("sim {n} ranks: floor"));
         let floor = (|| {
-            let graph = capture(&origin, || sim.fork_join(|rank, st| memset_async(sim.outputs[rank].ptr, 0, 1, st)))?;
-            time_alone(&origin, &timer, s, gated, &|| graph.launch().ctx("cuGraphLaunch"))
+            let graph = capture(&origin, || (0..s.graph_ops).try_for_each(|_| sim.fork_join(|rank, st| memset_async(sim.outputs[rank].ptr, 0, 1, st))))?;
+            time_alone(&origin, &timer, s, s.graph_ops, gated, &|| graph.launch().ctx("cuGraphLaunch"))
         })();
         for dtype in &plan_.dtypes {
             let mut sink = sink.lock().unwrap();
@@ -345,7 +345,7 @@ pub fn run(plan_: &Plan, sink: &Mutex<Sink>) -> Result<(), Fatal> {
                     f.note = e.clone();
                 }
             }
-            (f.replays, f.batches) = (s.replays, s.batches);
+            (f.replays, f.batches, f.graph_ops) = (s.replays, s.batches, s.graph_ops);
             sink.push(f, false);
             let mut c = Record::new("sim", n, dtype_name(*dtype), copy_bytes, COPY, &sub);
             c.status = Status::Ok;

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Copies what the GPU machine runs into .carry/ (git-ignored), stripped: the built library, the
-# gtest binaries, the Rust GPU test binary, and the kernel simulation. Run after tools/install.sh.
+# gtest binaries, the Rust GPU test binary, and the two kernel simulations. Run after
+# tools/install.sh.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 eval "$("$root/tools/setup.sh")"
@@ -10,6 +11,8 @@ archs=$(grep -oP '^EDGELLM_CUDA_ARCHS:STRING=\K.*' "$root/build/CMakeCache.txt")
 rust_test=$(cd "$root" && EDGELLM_CUDA_ARCHS=${archs//;/,} cargo test --release --no-run 2>&1 |
   grep -oP 'Executable tests/gpu_simulated_ranks.rs \(\K[^)]+')
 cp "$root/$rust_test" "$root/.carry/rust_gpu_simulated_ranks"
-SIM_OUT="$root/.carry" SIM_BUILD_ONLY=1 "$root/tests/gpu/kernels/build_and_run.sh"
+for sim in sim_ranks sim_fused; do
+  SIM_NAME=$sim SIM_OUT="$root/.carry" SIM_BUILD_ONLY=1 "$root/tests/gpu/kernels/build_and_run.sh"
+done
 strip "$root/.carry"/edgellm_plugin_tests_trt* "$root/.carry/rust_gpu_simulated_ranks"
 du -sh "$root/.carry"

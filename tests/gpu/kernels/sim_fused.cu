@@ -356,10 +356,18 @@ struct FSim {
   }
   int grid_rule(const Call& c) const {
     if (c.fam == F_NORM) return static_cast<int>(EAR_FUSED_GRID(c.tokens, 4 * sms));
+    if (c.fam == F_LAMPORT)
+      return static_cast<int>(ear_fused_lamport_grid_of(c.tokens, c.hidden, kElemSize[c.dt], grid_cap()));
     if (!is_plain(c.fam)) return static_cast<int>(EAR_FUSED_GRID(c.tokens, grid_cap()));
     const uint64_t vecs = EAR_CEIL_DIV(c.tokens * c.hidden * kElemSize[c.dt], EAR_VEC_BYTES);
+    if (c.fam == P_LAMPORT) return static_cast<int>(EAR_LAMPORT_GRID(vecs, grid_cap()));
     const uint64_t work = c.fam == P_TWOSHOT ? EAR_CEIL_DIV(vecs, n) : vecs;
     return static_cast<int>(EAR_GRID(work, grid_cap()));
+  }
+  int block_rule(const Call& c) const {
+    const uint64_t vecs = EAR_CEIL_DIV(c.tokens * c.hidden * kElemSize[c.dt], EAR_VEC_BYTES);
+    if (c.fam == P_LAMPORT) return static_cast<int>(EAR_LAMPORT_BLOCK(vecs, grid_cap()));
+    return is_plain(c.fam) ? EAR_BLOCK_THREADS : static_cast<int>(EAR_FUSED_BLOCK(c.hidden, kElemSize[c.dt]));
   }
   static char* at(void* b, uint64_t off) { return static_cast<char*>(b) + off; }
   void* out_ro(const Call& c, int r) const { return at(c.inplace ? res[r] : ro[r], c.off); }
@@ -390,7 +398,7 @@ struct FSim {
     EarFusedParams p = params(c, r);
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(c.grid);
-    cfg.blockDim = dim3(is_plain(c.fam) ? EAR_BLOCK_THREADS : EAR_FUSED_BLOCK(c.hidden, kElemSize[c.dt]));
+    cfg.blockDim = dim3(block_rule(c));
     cfg.stream = s;
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;

@@ -167,8 +167,14 @@ struct Sim {
   }
   int grid_rule(int fam, int dt, uint64_t count) const {
     const uint64_t vecs = EAR_CEIL_DIV(count * kElemSize[dt], EAR_VEC_BYTES);
+    if (fam == LAMPORT) return static_cast<int>(EAR_LAMPORT_GRID(vecs, grid_cap()));
     const uint64_t work = fam == TWOSHOT ? EAR_CEIL_DIV(vecs, n) : vecs;
     return static_cast<int>(EAR_GRID(work, grid_cap()));
+  }
+  // The block of a call: Lamport's depends on the size (any grid works with it).
+  int block_rule(int fam, int dt, uint64_t count) const {
+    const uint64_t vecs = EAR_CEIL_DIV(count * kElemSize[dt], EAR_VEC_BYTES);
+    return fam == LAMPORT ? static_cast<int>(EAR_LAMPORT_BLOCK(vecs, grid_cap())) : EAR_BLOCK_THREADS;
   }
 
   EarAllReduceParams params(int r, const void* input, void* output, uint64_t count) const {
@@ -208,7 +214,7 @@ struct Sim {
     EarAllReduceParams p = params(r, c.inplace ? out[r] : in[r], out[r], c.count);
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(c.grid);
-    cfg.blockDim = dim3(EAR_BLOCK_THREADS);
+    cfg.blockDim = dim3(block_rule(c.fam, c.dt, c.count));
     cfg.stream = s;
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -221,7 +227,7 @@ struct Sim {
   void launch_one(const Call& c, cudaStream_t s) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(c.grid, n);
-    cfg.blockDim = dim3(EAR_BLOCK_THREADS);
+    cfg.blockDim = dim3(block_rule(c.fam, c.dt, c.count));
     cfg.stream = s;
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
