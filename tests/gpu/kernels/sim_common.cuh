@@ -1,6 +1,7 @@
 // sim_common.cuh: harness plumbing shared by sim_ranks.cu (plain all-reduce) and
 // sim_fused.cu (fused all-reduce + residual + RMSNorm): CUDA error/hang handling, the
-// dtype/family tables and plain kernel table, the input generator, PASS/FAIL reporting.
+// dtype/family tables and plain kernel table, the input generator, PASS/FAIL reporting, and
+// the simulated communicator's ranks (SimRanks).
 // Included once per harness translation unit (everything here is static or inline).
 #pragma once
 
@@ -191,3 +192,72 @@ inline bool sim_start(int argc, char** argv, SimOptions* o) {
               o->quick ? "quick" : "full", o->one_launch ? ", one launch for all ranks" : ", one stream per rank");
   return true;
 }
+
+// ---------------------------------------------------------------------------------------
+// Simulated communicator: N workspaces and state blocks on one device, one non-blocking
+// stream per rank forked from / joined to an origin stream, timing events. Each harness
+// derives its Sim from it and adds its buffers.
+
+constexpr uint64_t kGuard = 256;  // bytes after every buffer that no kernel may write
+
+struct SimRanks {
+  int n = 0;
+  int sms = 0;
+  bool one_launch = false;
+  uint64_t ws_max = 0;   // max message bytes the workspaces serve
+  uint64_t buf_max = 0;  // bytes of each data buffer (without guard)
+  cudaStream_t origin{};
+  cudaStream_t st[EAR_MAX_RANKS]{};
+  cudaEvent_t fork{}, join[EAR_MAX_RANKS]{}, t0{}, t1{};
+  void* ws[EAR_MAX_RANKS]{};
+  void* state[EAR_MAX_RANKS]{};
+  int pool_slots = 4096, pool_next = 0;  // one-launch mode: device param sets in a ring
+
+  void init_ranks(int nranks, uint64_t ws_max_bytes, uint64_t buf_bytes, bool one) {
+    n = nranks;
+    one_launch = one;
+    ws_max = ws_max_bytes;
+    buf_max = buf_bytes;
+    int dev = 0;
+    CK(cudaGetDevice(&dev));
+    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    CK(cudaStreamCreateWithFlags(&origin, cudaStreamNonBlocking));
+    CK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+    CK(cudaEventCreate(&t0));
+    CK(cudaEventCreate(&t1));
+    const uint64_t wsb = EAR_WORKSPACE_BYTES(ws_max, n);
+    for (int r = 0; r < n; ++r) {
+      CK(cudaStreamCreateWithFlags(&st[r], cudaStreamNonBlocking));
+      CK(cudaEventCreateWithFlags(&join[r], cudaEventDisableTiming));
+      CK(cudaMalloc(&ws[r], wsb));
+      CK(cudaMemset(ws[r], 0, wsb));
+      CK(cudaMalloc(&state[r], EAR_STATE_BYTES));
+      CK(cudaMemset(state[r], 0, EAR_STATE_BYTES));
+    }
+  }
+  void destroy_ranks() {
+    CK(cudaDeviceSynchronize());
+    for (int r = 0; r < n; ++r) {
+      CK(cudaFree(ws[r]));
+      CK(cudaFree(state[r]));
+      CK(cudaStreamDestroy(st[r]));
+      CK(cudaEventDestroy(join[r]));
+    }
+    CK(cudaStreamDestroy(origin));
+    CK(cudaEventDestroy(fork));
+    CK(cudaEventDestroy(t0));
+    CK(cudaEventDestroy(t1));
+  }
+  // Largest grid that keeps all N grids co-resident (one CTA per SM assumed).
+  int grid_cap() const { return std::max(1, std::min(EAR_MAX_BLOCKS, sms / n)); }
+  void fork_ranks() {
+    CK(cudaEventRecord(fork, origin));
+    for (int r = 0; r < n; ++r) CK(cudaStreamWaitEvent(st[r], fork, 0));
+  }
+  void join_ranks() {
+    for (int r = 0; r < n; ++r) {
+      CK(cudaEventRecord(join[r], st[r]));
+      CK(cudaStreamWaitEvent(origin, join[r], 0));
+    }
+  }
+};

@@ -257,7 +257,6 @@ __global__ void check_kernel(CheckSpec c, const double* scale, CheckResult* res)
 // ---------------------------------------------------------------------------------------
 // Simulated communicator
 
-constexpr uint64_t kGuard = 256;
 
 struct Call {
   int fam, dt;
@@ -270,16 +269,8 @@ struct Call {
   int rank_only;  // F_NORM: the rank whose buffers it runs on (-1: every rank)
 };
 
-struct FSim {
-  int n = 0;
-  int sms = 0;
-  bool one_launch = false;
-  uint64_t ws_max = 0, buf_max = 0, hid_max = 0;
-  cudaStream_t origin{};
-  cudaStream_t st[EAR_MAX_RANKS]{};
-  cudaEvent_t fork{}, join[EAR_MAX_RANKS]{}, t0{}, t1{};
-  void* ws[EAR_MAX_RANKS]{};
-  void* state[EAR_MAX_RANKS]{};
+struct FSim : SimRanks {
+  uint64_t hid_max = 0;
   void* x[EAR_MAX_RANKS]{};
   void* res[EAR_MAX_RANKS]{};
   void* ro[EAR_MAX_RANKS]{};
@@ -287,36 +278,16 @@ struct FSim {
   void* bias = nullptr;
   void* gamma = nullptr;
   EarFusedParams* dparams = nullptr;
-  int pool_slots = 0, pool_next = 0;
   double* dscale = nullptr;
   CheckResult* dres = nullptr;
 
   void init(int nranks, uint64_t ws_max_bytes, uint64_t buf_bytes, uint64_t hidden_max, bool one) {
-    n = nranks;
-    one_launch = one;
-    ws_max = ws_max_bytes;
-    buf_max = buf_bytes;
+    init_ranks(nranks, ws_max_bytes, buf_bytes, one);
     hid_max = hidden_max;
-    int dev = 0;
-    CK(cudaGetDevice(&dev));
-    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    CK(cudaStreamCreateWithFlags(&origin, cudaStreamNonBlocking));
-    CK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
-    CK(cudaEventCreate(&t0));
-    CK(cudaEventCreate(&t1));
-    const uint64_t wsb = EAR_WORKSPACE_BYTES(ws_max, n);
-    for (int r = 0; r < n; ++r) {
-      CK(cudaStreamCreateWithFlags(&st[r], cudaStreamNonBlocking));
-      CK(cudaEventCreateWithFlags(&join[r], cudaEventDisableTiming));
-      CK(cudaMalloc(&ws[r], wsb));
-      CK(cudaMemset(ws[r], 0, wsb));
-      CK(cudaMalloc(&state[r], EAR_STATE_BYTES));
-      CK(cudaMemset(state[r], 0, EAR_STATE_BYTES));
+    for (int r = 0; r < n; ++r)
       for (void** b : {&x[r], &res[r], &ro[r], &nrm[r]}) CK(cudaMalloc(b, buf_max + kGuard));
-    }
     CK(cudaMalloc(&bias, hid_max * 4 + kGuard));
     CK(cudaMalloc(&gamma, hid_max * 4 + kGuard));
-    pool_slots = 4096;
     CK(cudaMalloc(&dparams, sizeof(EarFusedParams) * EAR_MAX_RANKS * pool_slots));
     CK(cudaMalloc(&dscale, sizeof(double) * std::max<uint64_t>(1, buf_max / 2)));
     CK(cudaMalloc(&dres, sizeof(CheckResult)));
@@ -324,24 +295,15 @@ struct FSim {
   }
   void destroy() {
     CK(cudaDeviceSynchronize());
-    for (int r = 0; r < n; ++r) {
-      CK(cudaFree(ws[r]));
-      CK(cudaFree(state[r]));
+    for (int r = 0; r < n; ++r)
       for (void* b : {x[r], res[r], ro[r], nrm[r]}) CK(cudaFree(b));
-      CK(cudaStreamDestroy(st[r]));
-      CK(cudaEventDestroy(join[r]));
-    }
     CK(cudaFree(bias));
     CK(cudaFree(gamma));
     CK(cudaFree(dparams));
     CK(cudaFree(dscale));
     CK(cudaFree(dres));
-    CK(cudaStreamDestroy(origin));
-    CK(cudaEventDestroy(fork));
-    CK(cudaEventDestroy(t0));
-    CK(cudaEventDestroy(t1));
+    destroy_ranks();
   }
-  int grid_cap() const { return std::max(1, std::min(EAR_MAX_BLOCKS, sms / n)); }
   bool fits(int fam, int dt, uint64_t tokens, uint32_t hidden) const {
     const uint64_t es = kElemSize[dt];
     if (tokens * hidden * es > buf_max || (!is_plain(fam) && hidden > hid_max)) return false;
@@ -425,16 +387,6 @@ struct FSim {
     const EarFusedParams* dp = slot;
     void* args[] = {&dp};
     CK(cudaLaunchKernelExC(&cfg, kSimFused[c.fam][c.dt][n_index(n)], args));
-  }
-  void fork_ranks() {
-    CK(cudaEventRecord(fork, origin));
-    for (int r = 0; r < n; ++r) CK(cudaStreamWaitEvent(st[r], fork, 0));
-  }
-  void join_ranks() {
-    for (int r = 0; r < n; ++r) {
-      CK(cudaEventRecord(join[r], st[r]));
-      CK(cudaStreamWaitEvent(origin, join[r], 0));
-    }
   }
   void run(const Call& c) {
     if (c.fam == F_NORM) {

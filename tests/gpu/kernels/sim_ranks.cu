@@ -96,49 +96,18 @@ __global__ void check_kernel(OutPtrs outs, int n, uint64_t count, int dt, uint64
 // ---------------------------------------------------------------------------------------
 // Simulated communicator
 
-constexpr uint64_t kGuard = 256;
-
-struct Sim {
-  int n = 0;
-  int sms = 0;
-  bool one_launch = false;
-  uint64_t ws_max = 0;   // max message bytes the workspaces serve
-  uint64_t buf_max = 0;  // bytes of each in/out buffer (without guard)
-  cudaStream_t origin{};
-  cudaStream_t st[EAR_MAX_RANKS]{};
-  cudaEvent_t fork{}, join[EAR_MAX_RANKS]{}, t0{}, t1{};
-  void* ws[EAR_MAX_RANKS]{};
-  void* state[EAR_MAX_RANKS]{};
+struct Sim : SimRanks {
   void* in[EAR_MAX_RANKS]{};
   void* out[EAR_MAX_RANKS]{};
   EarAllReduceParams* dparams = nullptr;  // one-launch mode: pool of N-param sets
-  int pool_slots = 0, pool_next = 0;
   CheckResult* dres = nullptr;
 
   void init(int nranks, uint64_t ws_max_bytes, uint64_t buf_bytes, bool one) {
-    n = nranks;
-    one_launch = one;
-    ws_max = ws_max_bytes;
-    buf_max = buf_bytes;
-    int dev = 0;
-    CK(cudaGetDevice(&dev));
-    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    CK(cudaStreamCreateWithFlags(&origin, cudaStreamNonBlocking));
-    CK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
-    CK(cudaEventCreate(&t0));
-    CK(cudaEventCreate(&t1));
-    const uint64_t wsb = EAR_WORKSPACE_BYTES(ws_max, n);
+    init_ranks(nranks, ws_max_bytes, buf_bytes, one);
     for (int r = 0; r < n; ++r) {
-      CK(cudaStreamCreateWithFlags(&st[r], cudaStreamNonBlocking));
-      CK(cudaEventCreateWithFlags(&join[r], cudaEventDisableTiming));
-      CK(cudaMalloc(&ws[r], wsb));
-      CK(cudaMemset(ws[r], 0, wsb));
-      CK(cudaMalloc(&state[r], EAR_STATE_BYTES));
-      CK(cudaMemset(state[r], 0, EAR_STATE_BYTES));
       CK(cudaMalloc(&in[r], buf_max + kGuard));
       CK(cudaMalloc(&out[r], buf_max + kGuard));
     }
-    pool_slots = 4096;
     CK(cudaMalloc(&dparams, sizeof(EarAllReduceParams) * EAR_MAX_RANKS * pool_slots));
     CK(cudaMalloc(&dres, sizeof(CheckResult)));
     CK(cudaDeviceSynchronize());
@@ -146,22 +115,13 @@ struct Sim {
   void destroy() {
     CK(cudaDeviceSynchronize());
     for (int r = 0; r < n; ++r) {
-      CK(cudaFree(ws[r]));
-      CK(cudaFree(state[r]));
       CK(cudaFree(in[r]));
       CK(cudaFree(out[r]));
-      CK(cudaStreamDestroy(st[r]));
-      CK(cudaEventDestroy(join[r]));
     }
     CK(cudaFree(dparams));
     CK(cudaFree(dres));
-    CK(cudaStreamDestroy(origin));
-    CK(cudaEventDestroy(fork));
-    CK(cudaEventDestroy(t0));
-    CK(cudaEventDestroy(t1));
+    destroy_ranks();
   }
-  // Largest grid that keeps all N grids co-resident (one 512-thread CTA per SM assumed).
-  int grid_cap() const { return std::max(1, std::min(EAR_MAX_BLOCKS, sms / n)); }
   uint64_t max_msg(int fam) const {
     return fam == LAMPORT ? EAR_LAMPORT_MAX_MSG(ws_max) : ws_max;
   }
@@ -237,16 +197,6 @@ struct Sim {
     const EarAllReduceParams* dp = c.dp;
     void* args[] = {&dp};
     CK(cudaLaunchKernelExC(&cfg, kSimKernels[c.fam][c.dt][n_index(n)], args));
-  }
-  void fork_ranks() {
-    CK(cudaEventRecord(fork, origin));
-    for (int r = 0; r < n; ++r) CK(cudaStreamWaitEvent(st[r], fork, 0));
-  }
-  void join_ranks() {
-    for (int r = 0; r < n; ++r) {
-      CK(cudaEventRecord(join[r], st[r]));
-      CK(cudaStreamWaitEvent(origin, join[r], 0));
-    }
   }
   void allreduce(Call c) {
     if (one_launch) {
