@@ -44,7 +44,7 @@
  *         vecs      = ceil(count * elem_size / 16)
  *         work_vecs = vecs                      for ear_oneshot_* and ear_lamport_*
  *                   = ceil(vecs / nranks)       for ear_twoshot_*
- *         max_blocks in [1, EAR_MAX_BLOCKS]     (tunable; EAR_DEFAULT_MAX_BLOCKS untuned)
+ *         max_blocks in [1, EAR_MAX_BLOCKS]     (tunable; EAR_DEFAULT_MAX_BLOCKS suggested)
  *     Any grid in [1, EAR_MAX_BLOCKS] is correct; what is REQUIRED is that the grid (and
  *     block, count, dtype, family) is IDENTICAL on every rank for the same call, and that every
  *     rank issues the same sequence of custom all-reduce calls on the same communicator
@@ -69,10 +69,12 @@
 #define EAR_MAX_RANKS 16
 /* Max grid accepted (the host must also keep grid <= SM count: co-residency). */
 #define EAR_MAX_BLOCKS 128
-/* The one block size every kernel is launched with (as TRT-LLM's DEFAULT_BLOCK_SIZE). */
+/* The block of the one-shot and two-shot kernels, and the largest Lamport block (as TRT-LLM's
+ * DEFAULT_BLOCK_SIZE). */
 #define EAR_BLOCK_THREADS 512
-/* Suggested max_blocks for EAR_GRID; vLLM uses 36 (anchors); not measured here yet. */
-#define EAR_DEFAULT_MAX_BLOCKS 32
+/* Suggested max_blocks (at most the SM count): the library's default; on 2 x H200 it beat 64
+ * at every size from 1 MiB up (docs/PERFORMANCE.md). */
+#define EAR_DEFAULT_MAX_BLOCKS 128
 
 /* Bytes per packed vector: every kernel moves 16-byte vectors. */
 #define EAR_VEC_BYTES 16
