@@ -18,7 +18,8 @@
 // the fp32 sum of squares overflows for |r| >~ 1.8e19 / sqrt(hidden) (bf16/f32 only).
 //
 // Work mapping (all families): CTA b handles token rows b, b + gridDim.x, ... in EVERY
-// phase; inside a row, thread t handles 16-byte chunks k = t, t + blockDim.x, ... (chunk k
+// phase (Lamport out of place: the push is spread flat over the whole grid, which may have
+// more CTAs than rows; nothing waits on who pushed what); inside a row, thread t handles 16-byte chunks k = t, t + blockDim.x, ... (chunk k
 // = elements [k*E, k*E+E) of the row; the last chunk of a row may be partial). A row is
 // staged with a pitch of row_vecs = ceil(hidden*elem/16) vectors (rows padded to 16 bytes,
 // padding = +0), so a vector never straddles two rows and the per-CTA barriers suffice:
@@ -28,10 +29,11 @@
 // norm's block_sum separates the reads from the normed stores; residual chunk k is read and
 // residual_out chunk k written by the same thread).
 //
-// The norm keeps up to kCache chunks per thread in registers (rows up to kCache*512 vectors:
-// hidden 16384 for f16/bf16, 8192 for f32; fewer for Lamport at N >= 8, see kLamportCache);
-// chunks beyond that are re-read from residual_out (written by the same thread) for the
-// normed pass.
+// The norm keeps a thread's first KC chunks of a row in registers with their inputs, all
+// loaded (and, for Lamport, polled) together before the first is used (rows up to KC*512
+// vectors; KC = kCache for the two-shot and the standalone kernel, kRanksCache<N> for the
+// families that fetch N vectors per chunk); chunks beyond that are re-read from residual_out
+// (written by the same thread) for the normed pass.
 //
 // Protocols: the plain families' protocols, with the same workspace regions, signal slots
 // and state counters (so plain and fused calls interleave on one communicator), described
