@@ -64,13 +64,14 @@ pub fn requested(config: &PluginConfig) -> Requested {
 /// (first entry whose bound is >= the bytes); `None` is NCCL.
 ///
 /// 2 ranks: measured on 2 x H200 (NV18), bf16, graph replay, 128 CTAs (docs/PERFORMANCE.md,
-/// docs/runs/2026-11-29-2xh200-graphops20-real_128.txt): Lamport is the fastest family up to its 2 MiB cap (4.1 us at
-/// 512 KiB against 5.2 one-shot; 9.3 at 2 MiB against 10.4), one-shot at 4 and 8 MiB (17.4 and
-/// 31.1 us against two-shot's 18.8 and 32.1), two-shot from 16 to 64 MiB (57.0 us at 16 MiB
-/// against one-shot's 62.2 and NCCL's 75.8), NCCL above (the workspace rarely goes past 64 MiB). 4 and more ranks: provisional, from the
-/// one-GPU simulation (Lamport best up to 512 KiB at 4 ranks, 128 KiB at 8) and published
-/// crossovers (vLLM: one-shot up to 512 KB at 4 ranks, 256 KB at 8), not yet measured on 4 or
-/// 8 real GPUs.
+/// docs/runs/2026-11-29-2xh200-graphops20-real_128.txt): Lamport is the fastest family up to
+/// its 2 MiB cap (4.1 us at 512 KiB against 5.2 one-shot; 9.3 at 2 MiB against 10.4), one-shot
+/// at 4 and 8 MiB (17.4 and 31.1 us against two-shot's 18.8 and 32.1), two-shot from 16 to
+/// 64 MiB (57.0 us at 16 MiB against one-shot's 62.2 and NCCL's 75.8), NCCL above (the
+/// workspace rarely goes past 64 MiB). 4 and more ranks: provisional, from the one-GPU
+/// simulation (Lamport best up to 256 KiB at 4 ranks, 32-64 KiB at 8;
+/// docs/runs/2026-11-29-h200-final-sim48-crossovers_g20.txt) and published crossovers (vLLM:
+/// one-shot up to 512 KB at 4 ranks, 256 KB at 8), not yet measured on 4 or 8 real GPUs.
 pub const AUTO_TABLE: &[(i32, &[(u64, Option<Family>)])] = &[
     (
         2,
