@@ -380,6 +380,32 @@ __device__ __forceinline__ bool lamport_arrived(const uint4& v) {
   return v.x != 0u && v.y != 0u && v.z != 0u && v.w != 0u;
 }
 
+// Stores vector v at byte `off` of the data region of every peer, starting at the next rank
+// (spreads the NVLink traffic over the links).
+template <int N>
+__device__ __forceinline__ void lamport_push(const EarAllReduceParams& p, uint64_t off, const uint4& v) {
+#pragma unroll
+  for (int d = 1; d < N; ++d) {
+    int q = p.rank + d;
+    q = q >= N ? q - N : q;
+    st_vec(data_region(peer_base<N>(p, q)) + off, v);
+  }
+}
+
+// Zeroes the first `vecs` vectors of every peer row of buffer `buf` in our Lamport area `lam`
+// (what the previous call wrote there), grid-stride from `first`.
+template <int N>
+__device__ __forceinline__ void lamport_clear(char* lam, uint64_t buf, int rank, uint64_t row_bytes,
+                                              uint64_t vecs, uint64_t first, uint64_t stride) {
+  const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+  for (int r = 0; r < N; ++r) {
+    if (r == rank) continue;
+    char* row = lam + (buf * N + r) * row_bytes;
+    for (uint64_t i = first; i < vecs; i += stride) st_vec(row + i * 16, zero);
+  }
+}
+
 // One polling step: reloads (ld.volatile) each peer vector at `at + r * row_bytes` that has
 // not arrived yet (a zero word); true if all had arrived. v.v[rank] is our own value, left
 // alone. Callers waiting on several vectors step all of them in one loop, so their reloads
@@ -402,6 +428,14 @@ __device__ __forceinline__ bool lamport_poll(Ranks<N>& v, int rank, const char* 
 // clobber, which keeps the compiler from hoisting the next iteration's load above this
 // iteration's store: a plain loop has one load in flight per thread. These issue up to U
 // iterations' loads before the first use. Item i = first + u*stride.
+// The poll of data that is complete once loaded (after a barrier, or local).
+struct Arrived {
+  template <typename I, typename V>
+  __device__ bool operator()(I, const V&) const {
+    return true;
+  }
+};
+
 // poll(i, v) (Lamport): one polling step of item i, true once it has arrived; a batch's
 // items are stepped together until all have, before the first use.
 template <int U, typename Load, typename Poll, typename Use>
@@ -428,7 +462,7 @@ __device__ __forceinline__ void batched_for_polled(uint64_t first, uint64_t stri
 template <int U, typename Load, typename Use>
 __device__ __forceinline__ void batched_for(uint64_t first, uint64_t stride, uint64_t n,
                                             Load load, Use use) {
-  batched_for_polled<U>(first, stride, n, load, [](uint64_t, const auto&) { return true; }, use);
+  batched_for_polled<U>(first, stride, n, load, Arrived{}, use);
 }
 
 // batched_for split in two: the first batch's loads (load_head), issued early, e.g. before

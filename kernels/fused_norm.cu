@@ -184,14 +184,6 @@ __device__ __forceinline__ uint4 apply_norm(const uint4& r, const uint4& g, floa
   return Elem<T>::pack(fr);
 }
 
-// poll for families whose chunk data is complete once loaded (after a barrier, or local).
-struct Arrived {
-  template <typename V>
-  __device__ bool operator()(uint32_t, const V&) const {
-    return true;
-  }
-};
-
 // The RMSNorm of token row `row`, called by all threads of the CTA. The family gives
 // fetch(k): issue the loads chunk k needs, return them (nothing waits yet); poll(k, fetched):
 // one polling step, true once the chunk's data has arrived (Lamport; else always true); and
@@ -399,12 +391,7 @@ __device__ __forceinline__ void lamport_norm_body(const EarFusedParams& p) {
   // written normed over it.
   const uint64_t push_off = EAR_OFF_LAMPORT(m, N) + (cur * N + rank) * row_bytes;
   const auto push = [&](uint64_t row, uint32_t k, const uint4& v) {
-#pragma unroll
-    for (int d = 1; d < N; ++d) {  // start at the next rank: spreads the NVLink traffic
-      int q = rank + d;
-      q = q >= N ? q - N : q;
-      st_vec(data_region(peer_base<N>(p.ar, q)) + push_off + (row * hv + k) * 16, v);
-    }
+    lamport_push<N>(p.ar, push_off + (row * hv + k) * 16, v);
   };
   if (in_place) {
     for_cta_rows<kPushBatch<N>>(p, hv, load, push);
@@ -416,13 +403,7 @@ __device__ __forceinline__ void lamport_norm_body(const EarFusedParams& p) {
   char* const lam = data_region(peer_base<N>(p.ar, rank)) + EAR_OFF_LAMPORT(m, N);
 
   // 2. clear what the previous Lamport call (plain or fused) left in our buffer `prev`.
-  const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
-#pragma unroll
-  for (int r = 0; r < N; ++r) {
-    if (r == rank) continue;
-    char* rowp = lam + (prev * N + r) * row_bytes;
-    for (uint64_t i = first; i < c.lam_prev_vecs; i += stride) st_vec(rowp + i * 16, zero);
-  }
+  lamport_clear<N>(lam, prev, rank, row_bytes, c.lam_prev_vecs, first, stride);
 
   // 3. per row: wait for every peer's chunk, sum in rank order, + bias + residual, norm.
   const char* const cur_rows = lam + cur * N * row_bytes;

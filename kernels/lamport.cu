@@ -64,26 +64,13 @@ __device__ __forceinline__ void lamport_body(const EarAllReduceParams& p) {
 
   // 1. push our vectors into row `rank` of buffer `cur` of every peer.
   const uint64_t push_off = EAR_OFF_LAMPORT(m, N) + (cur * N + rank) * row_bytes;
-  const auto push = [&](uint64_t i, const uint4& v) {
-#pragma unroll
-    for (int d = 1; d < N; ++d) {  // start at the next rank: spreads the NVLink traffic
-      int q = rank + d;
-      q = q >= N ? q - N : q;
-      st_vec(data_region(peer_base<N>(p, q)) + push_off + i * 16, v);
-    }
-  };
+  const auto push = [&](uint64_t i, const uint4& v) { lamport_push<N>(p, push_off + i * 16, v); };
   for_rest(head, first, stride, vecs, load, push);
 
   char* const mine = data_region(peer_base<N>(p, rank)) + EAR_OFF_LAMPORT(m, N);
 
   // 2. clear what call k-1 left in our buffer `prev`.
-  const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
-#pragma unroll
-  for (int r = 0; r < N; ++r) {
-    if (r == rank) continue;
-    char* row = mine + (prev * N + r) * row_bytes;
-    for (uint64_t i = first; i < c.lam_prev_vecs; i += stride) st_vec(row + i * 16, zero);
-  }
+  lamport_clear<N>(mine, prev, rank, row_bytes, c.lam_prev_vecs, first, stride);
 
   // 3. wait for every peer's vector i, then reduce in rank order. A batch's vectors are
   // polled together (lamport_poll).
