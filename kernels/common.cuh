@@ -376,6 +376,16 @@ __device__ __forceinline__ uint32_t lamport_word(uint32_t w) { return w == 0u ? 
 __device__ __forceinline__ uint4 lamport_sanitize(uint4 v) {
   return make_uint4(lamport_word(v.x), lamport_word(v.y), lamport_word(v.z), lamport_word(v.w));
 }
+// Lamport all-gather payload (twoshot.cu): gathered values are copied, not summed, so the
+// sentinel rewrite must be undone exactly. The one word senders rewrite zeros to,
+// 0x80000000, is -0.0f (never an fp32 sum: the accumulator starts at +0.0f) or an f16/bf16
+// pair (+0, -0), which only a tiny negative sum rounded to T makes; gather_canonical maps it
+// to +0. Owners store and send canonical values (sanitized), receivers store
+// gather_canonical(received): the same bits on every rank.
+__device__ __forceinline__ uint4 gather_canonical(uint4 v) {
+  const auto c = [](uint32_t w) { return w == 0x80000000u ? 0u : w; };
+  return make_uint4(c(v.x), c(v.y), c(v.z), c(v.w));
+}
 __device__ __forceinline__ bool lamport_arrived(const uint4& v) {
   return v.x != 0u && v.y != 0u && v.z != 0u && v.w != 0u;
 }
@@ -436,28 +446,32 @@ struct Arrived {
   }
 };
 
-// poll(i, v) (Lamport): one polling step of item i, true once it has arrived; a batch's
-// items are stepped together until all have, before the first use.
+// One batch: items i0 + u*stride < n (u < U). poll(i, v) (Lamport): one polling step of item
+// i, true once it has arrived; a batch's items are stepped together until all have, before
+// the first use.
+template <int U, typename Load, typename Poll, typename Use>
+__device__ __forceinline__ void batch_step(uint64_t i0, uint64_t stride, uint64_t n, Load load, Poll poll,
+                                           Use use) {
+  using V = decltype(load(uint64_t{0}));
+  V v[U];
+#pragma unroll
+  for (int u = 0; u < U; ++u)
+    if (i0 + u * stride < n) v[u] = load(i0 + u * stride);
+  bool done;
+  do {
+    done = true;
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (i0 + u * stride < n) done = poll(i0 + u * stride, v[u]) && done;
+  } while (!done);
+#pragma unroll
+  for (int u = 0; u < U; ++u)
+    if (i0 + u * stride < n) use(i0 + u * stride, v[u]);
+}
 template <int U, typename Load, typename Poll, typename Use>
 __device__ __forceinline__ void batched_for_polled(uint64_t first, uint64_t stride, uint64_t n,
                                                    Load load, Poll poll, Use use) {
-  using V = decltype(load(uint64_t{0}));
-  for (uint64_t i0 = first; i0 < n; i0 += U * stride) {
-    V v[U];
-#pragma unroll
-    for (int u = 0; u < U; ++u)
-      if (i0 + u * stride < n) v[u] = load(i0 + u * stride);
-    bool done;
-    do {
-      done = true;
-#pragma unroll
-      for (int u = 0; u < U; ++u)
-        if (i0 + u * stride < n) done = poll(i0 + u * stride, v[u]) && done;
-    } while (!done);
-#pragma unroll
-    for (int u = 0; u < U; ++u)
-      if (i0 + u * stride < n) use(i0 + u * stride, v[u]);
-  }
+  for (uint64_t i0 = first; i0 < n; i0 += U * stride) batch_step<U>(i0, stride, n, load, poll, use);
 }
 template <int U, typename Load, typename Use>
 __device__ __forceinline__ void batched_for(uint64_t first, uint64_t stride, uint64_t n,

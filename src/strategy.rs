@@ -64,18 +64,18 @@ pub fn requested(config: &PluginConfig) -> Requested {
 /// (first entry whose bound is >= the bytes); `None` is NCCL.
 ///
 /// 2 ranks: measured on 2 x H200 (NV18), bf16, graph replay, 128 CTAs (docs/PERFORMANCE.md,
-/// docs/runs/2026-11-29-2xh200-graphops20-real_128.txt): Lamport is the fastest family up to
-/// its 2 MiB cap (4.1 us at 512 KiB against 5.2 one-shot; 9.3 at 2 MiB against 10.4), one-shot
-/// at 4 and 8 MiB (17.4 and 31.1 us against two-shot's 18.8 and 32.1), two-shot from 16 to
-/// 64 MiB (57.0 us at 16 MiB against one-shot's 62.2 and NCCL's 75.8), NCCL above (the
-/// workspace rarely goes past 64 MiB). 4 and more ranks: provisional, from the one-GPU
+/// docs/runs/2026-11-29-2xh200-gather-final-real_g20.txt): Lamport is the fastest family up to its
+/// 2 MiB cap, two-shot from there to 64 MiB (its Lamport all-gather overlaps the local copy
+/// with the NVLink pushes: 17.2 and 30.3 us at 4 and 8 MiB against one-shot's 17.4 and 31.2,
+/// 55.7 at 16 MiB against 62.3 and NCCL's 75.8), NCCL above (the workspace rarely goes past
+/// 64 MiB). 4 and more ranks: provisional, from the one-GPU
 /// simulation (Lamport best up to 256 KiB at 4 ranks, 32-64 KiB at 8;
 /// docs/runs/2026-11-29-h200-final-sim48-crossovers_g20.txt) and published crossovers (vLLM:
 /// one-shot up to 512 KB at 4 ranks, 256 KB at 8), not yet measured on 4 or 8 real GPUs.
 pub const AUTO_TABLE: &[(i32, &[(u64, Option<Family>)])] = &[
     (
         2,
-        &[(2 << 20, Some(Family::Lamport)), (8 << 20, Some(Family::OneShot)), (64 << 20, Some(Family::TwoShot)), (u64::MAX, None)],
+        &[(2 << 20, Some(Family::Lamport)), (64 << 20, Some(Family::TwoShot)), (u64::MAX, None)],
     ),
     (
         4,
@@ -100,10 +100,11 @@ pub enum FusedChoice {
 }
 
 /// AUTO's table for the fused op, by the same keys as [`AUTO_TABLE`]. 2 ranks: measured on
-/// 2 x H200 (docs/runs/2026-11-29-2xh200-graphops20-fused-shapes.txt, 128 CTAs): the fused
-/// Lamport kernel is the fastest up to its 2 MiB cap at 8 of 11 decode shapes (4.1 against 4.5
-/// us split at 1 x 4096, 11.4 against 11.9 at 128 x 8192) and within 0.2 us of the split path
-/// at the other three (8192-wide rows of 16 to 64 tokens); the split two-shot to 16 MiB.
+/// 2 x H200 (docs/runs/2026-11-29-2xh200-gather-final-fused_g20.txt and -fused-big.txt, 128
+/// CTAs): the fused Lamport kernel is the fastest up to its 2 MiB cap at 7 of 8 decode shapes
+/// (3.9 against 4.3 us split at 1 x 4096, 10.9 against 11.5 at 128 x 8192; 0.2 us behind the
+/// split path at 32 x 8192 + bias), the fused one-shot from there to 16 MiB (19.0, 34.5 and
+/// 65.2 us at 256, 512 and 1024 x 8192 against the split two-shot's 22.3, 44.0 and 80.4).
 /// 4 and more ranks: from the simulation (fused Lamport best up to 256 KiB at 4 ranks and
 /// 8 KiB at 8, fused one-shot above).
 pub const FUSED_AUTO_TABLE: &[(i32, &[(u64, FusedChoice)])] = &[
@@ -111,7 +112,7 @@ pub const FUSED_AUTO_TABLE: &[(i32, &[(u64, FusedChoice)])] = &[
         2,
         &[
             (2 << 20, FusedChoice::Fused(Family::Lamport)),
-            (16 << 20, FusedChoice::Split(Family::TwoShot)),
+            (16 << 20, FusedChoice::Fused(Family::OneShot)),
             (u64::MAX, FusedChoice::Nccl),
         ],
     ),
@@ -291,9 +292,8 @@ mod tests {
         let at = |g: &Fake, b| choose(Requested::Auto, &call(g.nranks, b), Some(g)).path;
         assert_eq!(at(&GROUP2, 8 << 10), Path::Custom(Family::Lamport));
         assert_eq!(at(&GROUP2, 1 << 20), Path::Custom(Family::Lamport));
-        assert_eq!(at(&GROUP2, 4 << 20), Path::Custom(Family::OneShot));
-        assert_eq!(at(&GROUP2, 8 << 20), Path::Custom(Family::OneShot));
-        assert_eq!(at(&GROUP2, 9 << 20), Path::Custom(Family::TwoShot));
+        assert_eq!(at(&GROUP2, (2 << 20) + 16), Path::Custom(Family::TwoShot));
+        assert_eq!(at(&GROUP2, 8 << 20), Path::Custom(Family::TwoShot));
         assert_eq!(at(&GROUP2, 15 << 20), Path::Custom(Family::TwoShot));
         assert_eq!(at(&GROUP2, 64 << 20), Path::Nccl, "over the workspace");
         let huge = Fake { nranks: 2, max_bytes: 1 << 30 };
@@ -319,8 +319,8 @@ mod tests {
         assert_eq!(choose(Requested::Auto, &fused(2, 1, 4096), Some(&GROUP2)).path, Path::Custom(Family::Lamport));
         assert_eq!(choose(Requested::Auto, &fused(2, 8, 8192), Some(&GROUP2)).path, Path::Custom(Family::Lamport));
         assert_eq!(choose(Requested::Auto, &fused(2, 128, 8192), Some(&GROUP2)).path, Path::Custom(Family::Lamport), "2 MiB");
-        assert_eq!(choose(Requested::Auto, &fused(2, 256, 8192), Some(&GROUP2)).path, Path::Split(Family::TwoShot));
-        assert_eq!(choose(Requested::Auto, &fused(2, 1024, 4096), Some(&GROUP2)).path, Path::Split(Family::TwoShot));
+        assert_eq!(choose(Requested::Auto, &fused(2, 256, 8192), Some(&GROUP2)).path, Path::Custom(Family::OneShot));
+        assert_eq!(choose(Requested::Auto, &fused(2, 1024, 4096), Some(&GROUP2)).path, Path::Custom(Family::OneShot));
         assert_eq!(choose(Requested::OneShot, &fused(2, 128, 8192), Some(&GROUP2)).path, Path::Custom(Family::OneShot), "forced: fused");
         assert_eq!(choose(Requested::Auto, &fused(8, 1, 4096), Some(&GROUP8)).path, Path::Custom(Family::Lamport));
         assert_eq!(choose(Requested::Auto, &fused(8, 1, 8192), Some(&GROUP8)).path, Path::Custom(Family::OneShot));
