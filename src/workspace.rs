@@ -400,7 +400,11 @@ struct Record {
     max_blocks: u32,
 }
 
-const RECORD_MAGIC: u32 = 0x4541_5257; // "EARW"
+/// Names the record layout AND the kernels' cross-rank protocol: change it whenever either
+/// changes, so ranks running different builds do not form a group (each rejects the other's
+/// records, so all fall back to NCCL together instead of waiting on each other in kernels
+/// that no longer match). "EAR2": the two-shot's all-gather is polled (one barrier, not two).
+const RECORD_MAGIC: u32 = 0x4541_5232; // "EAR2"
 const RECORD_BYTES: usize = 104;
 
 impl Record {
@@ -549,6 +553,9 @@ mod tests {
         assert_eq!((r.ok, r.nranks, r.rank, r.max_bytes, r.host, r.handle, r.max_blocks), (true, 2, 1, 16_000_000, host_id(), [1; 64], 127));
         assert!(Record::decode(&[0u8; RECORD_BYTES]).is_none(), "no magic, no record");
         assert!(Record::decode(&[0u8; 8]).is_none());
+        let mut older = record(1).encode();
+        older[0..4].copy_from_slice(&0x4541_5257u32.to_le_bytes()); // "EARW": two barriers
+        assert!(Record::decode(&older).is_none(), "a build with the previous kernel protocol");
     }
 
     #[test]
