@@ -30,7 +30,7 @@ constexpr int kThreads = EAR_BLOCK_THREADS;
 // this grid completed and its writes are visible.
 struct State {
   // Calls of the barrier families (oneshot, twoshot) completed on this workspace. Call
-  // `seq` uses flag values 2*seq+1 (first barrier) and 2*seq+2 (second barrier) and
+  // `seq` uses flag values 2*seq+1 (first barrier) and 2*seq+2 (the fused two-shot's second) and
   // one-shot bank seq % 2. Identical on every rank because every rank issues the same
   // call sequence.
   uint64_t seq;
