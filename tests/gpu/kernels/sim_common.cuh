@@ -77,10 +77,17 @@ static int n_index(int n) {
   std::_Exit(2);
 }
 
+// The five rank counts of one extern "C" kernel family and type: ear_<fam>_<t>_n<N>.
 #define EAR_ROW(fam, t) \
   {(const void*)ear_##fam##_##t##_n2, (const void*)ear_##fam##_##t##_n4, \
    (const void*)ear_##fam##_##t##_n6, (const void*)ear_##fam##_##t##_n8, \
    (const void*)ear_##fam##_##t##_n16}
+// The same for a harness template KERNEL<T, N, FAM> (the all-ranks-in-one-launch kernels).
+#define SIM_ROW(KERNEL, FAM, T) \
+  {(const void*)KERNEL<T, 2, FAM>, (const void*)KERNEL<T, 4, FAM>, (const void*)KERNEL<T, 6, FAM>, \
+   (const void*)KERNEL<T, 8, FAM>, (const void*)KERNEL<T, 16, FAM>}
+#define SIM_TABLE_ROW(KERNEL, FAM) \
+  {SIM_ROW(KERNEL, FAM, float), SIM_ROW(KERNEL, FAM, __half), SIM_ROW(KERNEL, FAM, __nv_bfloat16)}
 static const void* kKernels[3][3][5] = {
     {EAR_ROW(oneshot, f32), EAR_ROW(oneshot, f16), EAR_ROW(oneshot, bf16)},
     {EAR_ROW(twoshot, f32), EAR_ROW(twoshot, f16), EAR_ROW(twoshot, bf16)},
@@ -148,6 +155,35 @@ __global__ void gen_from_counter(void* buf, uint64_t count, int dt, const uint64
   }
 }
 __global__ void bump_kernel(uint64_t* ctr) { *ctr += 1; }
+
+// Launches kernel k (one argument, by pointer in args) on stream s, with programmatic
+// dependent launch when pdl is set (as the library launches).
+static void launch_kernel(const void* k, dim3 grid, dim3 block, cudaStream_t s, bool pdl, void* arg) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.stream = s;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  void* args[] = {arg};
+  CK(cudaLaunchKernelExC(&cfg, k, args));
+}
+
+// What record() enqueues on stream s, captured into an executable graph.
+template <typename F>
+static cudaGraphExec_t capture_graph(cudaStream_t s, F&& record) {
+  cudaGraph_t g;
+  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  record();
+  CK(cudaStreamEndCapture(s, &g));
+  cudaGraphExec_t e;
+  CK(cudaGraphInstantiate(&e, g, 0));
+  CK(cudaGraphDestroy(g));
+  return e;
+}
 
 // ---------------------------------------------------------------------------------------
 // Reporting

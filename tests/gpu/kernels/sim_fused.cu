@@ -38,14 +38,10 @@ constexpr uint32_t kTagRes = 100, kTagBias = 101, kTagGamma = 102;
 
 static bool is_plain(int fam) { return fam >= P_ONESHOT; }
 
-#define FUSED_ROW(fam, t) \
-  {(const void*)ear_##fam##_##t##_n2, (const void*)ear_##fam##_##t##_n4, \
-   (const void*)ear_##fam##_##t##_n6, (const void*)ear_##fam##_##t##_n8, \
-   (const void*)ear_##fam##_##t##_n16}
 static const void* kFused[3][3][5] = {
-    {FUSED_ROW(oneshot_norm, f32), FUSED_ROW(oneshot_norm, f16), FUSED_ROW(oneshot_norm, bf16)},
-    {FUSED_ROW(twoshot_norm, f32), FUSED_ROW(twoshot_norm, f16), FUSED_ROW(twoshot_norm, bf16)},
-    {FUSED_ROW(lamport_norm, f32), FUSED_ROW(lamport_norm, f16), FUSED_ROW(lamport_norm, bf16)},
+    {EAR_ROW(oneshot_norm, f32), EAR_ROW(oneshot_norm, f16), EAR_ROW(oneshot_norm, bf16)},
+    {EAR_ROW(twoshot_norm, f32), EAR_ROW(twoshot_norm, f16), EAR_ROW(twoshot_norm, bf16)},
+    {EAR_ROW(lamport_norm, f32), EAR_ROW(lamport_norm, f16), EAR_ROW(lamport_norm, bf16)},
 };
 static const void* kNormKernels[3] = {(const void*)ear_residual_rmsnorm_f32,
                                       (const void*)ear_residual_rmsnorm_f16,
@@ -60,14 +56,10 @@ __global__ void __launch_bounds__(EAR_FUSED_MAX_THREADS, 1)
   if constexpr (FAM == F_TWOSHOT) ear::twoshot_norm_body<T, N>(p);
   if constexpr (FAM == F_LAMPORT) ear::lamport_norm_body<T, N>(p);
 }
-#define SIMF_ROW(F, T) \
-  {(const void*)sim_fused_all<T, 2, F>, (const void*)sim_fused_all<T, 4, F>, \
-   (const void*)sim_fused_all<T, 6, F>, (const void*)sim_fused_all<T, 8, F>, \
-   (const void*)sim_fused_all<T, 16, F>}
 static const void* kSimFused[3][3][5] = {
-    {SIMF_ROW(F_ONESHOT, float), SIMF_ROW(F_ONESHOT, __half), SIMF_ROW(F_ONESHOT, __nv_bfloat16)},
-    {SIMF_ROW(F_TWOSHOT, float), SIMF_ROW(F_TWOSHOT, __half), SIMF_ROW(F_TWOSHOT, __nv_bfloat16)},
-    {SIMF_ROW(F_LAMPORT, float), SIMF_ROW(F_LAMPORT, __half), SIMF_ROW(F_LAMPORT, __nv_bfloat16)},
+    SIM_TABLE_ROW(sim_fused_all, F_ONESHOT),
+    SIM_TABLE_ROW(sim_fused_all, F_TWOSHOT),
+    SIM_TABLE_ROW(sim_fused_all, F_LAMPORT),
 };
 
 // ---------------------------------------------------------------------------------------
@@ -358,20 +350,11 @@ struct FSim : SimRanks {
   }
   void launch_rank(const Call& c, int r, cudaStream_t s) {
     EarFusedParams p = params(c, r);
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(c.grid);
-    cfg.blockDim = dim3(block_rule(c));
-    cfg.stream = s;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = c.pdl ? 1 : 0;
     const void* k = c.fam == F_NORM      ? kNormKernels[c.dt]
                     : is_plain(c.fam)    ? kKernels[c.fam - P_ONESHOT][c.dt][n_index(n)]
                                          : kFused[c.fam][c.dt][n_index(n)];
-    void* args[] = {is_plain(c.fam) ? static_cast<void*>(&p.ar) : static_cast<void*>(&p)};
-    CK(cudaLaunchKernelExC(&cfg, k, args));
+    launch_kernel(k, dim3(c.grid), dim3(block_rule(c)), s, c.pdl,
+                  is_plain(c.fam) ? static_cast<void*>(&p.ar) : static_cast<void*>(&p));
   }
   // Fused rank families only: every rank in one launch.
   void launch_one(const Call& c, cudaStream_t s) {
@@ -380,13 +363,9 @@ struct FSim : SimRanks {
     EarFusedParams* slot = dparams + static_cast<size_t>(pool_next) * EAR_MAX_RANKS;
     pool_next = (pool_next + 1) % pool_slots;
     CK(cudaMemcpy(slot, ps.data(), sizeof(EarFusedParams) * n, cudaMemcpyHostToDevice));
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(c.grid, n);
-    cfg.blockDim = dim3(EAR_FUSED_BLOCK(c.hidden, kElemSize[c.dt]));
-    cfg.stream = s;
     const EarFusedParams* dp = slot;
-    void* args[] = {&dp};
-    CK(cudaLaunchKernelExC(&cfg, kSimFused[c.fam][c.dt][n_index(n)], args));
+    const dim3 block(EAR_FUSED_BLOCK(c.hidden, kElemSize[c.dt]));
+    launch_kernel(kSimFused[c.fam][c.dt][n_index(n)], dim3(c.grid, n), block, s, /*pdl=*/false, &dp);
   }
   void run(const Call& c) {
     if (c.fam == F_NORM) {
@@ -621,18 +600,12 @@ static void graph_test(FSim& s, int dt, int replays) {
   CK(cudaStreamSynchronize(s.origin));
 
   std::vector<cudaGraphExec_t> execs;
-  for (int r = 0; r < s.n; ++r) {
-    cudaGraph_t g;
-    CK(cudaStreamBeginCapture(s.st[r], cudaStreamCaptureModeThreadLocal));
-    for (size_t k = 0; k < calls.size(); ++k) s.gen_inputs(calls[k], r, s.st[r], 0, false, ctr + r, k);
-    for (const auto& c : calls) s.launch_rank(c, r, s.st[r]);
-    bump_kernel<<<1, 1, 0, s.st[r]>>>(ctr + r);
-    CK(cudaStreamEndCapture(s.st[r], &g));
-    cudaGraphExec_t e;
-    CK(cudaGraphInstantiate(&e, g, 0));
-    CK(cudaGraphDestroy(g));
-    execs.push_back(e);
-  }
+  for (int r = 0; r < s.n; ++r)
+    execs.push_back(capture_graph(s.st[r], [&] {
+      for (size_t k = 0; k < calls.size(); ++k) s.gen_inputs(calls[k], r, s.st[r], 0, false, ctr + r, k);
+      for (const auto& c : calls) s.launch_rank(c, r, s.st[r]);
+      bump_kernel<<<1, 1, 0, s.st[r]>>>(ctr + r);
+    }));
   bool ok = true;
   float worst_res = 0, worst_norm = 0;
   int checks = 0;
@@ -671,21 +644,15 @@ static void graph_test(FSim& s, int dt, int replays) {
 static float time_calls(FSim& s, const std::vector<Call>& seq) {
   const int per_graph = 10, replays = 25;
   std::vector<cudaGraphExec_t> execs;
-  for (int r = 0; r < s.n; ++r) {
-    cudaGraph_t g;
-    CK(cudaStreamBeginCapture(s.st[r], cudaStreamCaptureModeThreadLocal));
-    for (int k = 0; k < per_graph; ++k)
-      for (const auto& c : seq) {
-        Call cr = c;
-        cr.rank_only = r;
-        s.launch_rank(cr, r, s.st[r]);
-      }
-    CK(cudaStreamEndCapture(s.st[r], &g));
-    cudaGraphExec_t e;
-    CK(cudaGraphInstantiate(&e, g, 0));
-    CK(cudaGraphDestroy(g));
-    execs.push_back(e);
-  }
+  for (int r = 0; r < s.n; ++r)
+    execs.push_back(capture_graph(s.st[r], [&] {
+      for (int k = 0; k < per_graph; ++k)
+        for (const auto& c : seq) {
+          Call cr = c;
+          cr.rank_only = r;
+          s.launch_rank(cr, r, s.st[r]);
+        }
+    }));
   std::vector<float> us;
   for (int it = 0; it < replays + 2; ++it) {
     CK(cudaEventRecord(s.t0, s.origin));

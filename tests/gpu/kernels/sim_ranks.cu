@@ -30,14 +30,10 @@ __global__ void __launch_bounds__(EAR_BLOCK_THREADS, 1)
   if constexpr (FAM == TWOSHOT) ear::twoshot_body<T, N>(p);
   if constexpr (FAM == LAMPORT) ear::lamport_body<T, N>(p);
 }
-#define SIM_ROW(F, T) \
-  {(const void*)sim_all_ranks<T, 2, F>, (const void*)sim_all_ranks<T, 4, F>, \
-   (const void*)sim_all_ranks<T, 6, F>, (const void*)sim_all_ranks<T, 8, F>, \
-   (const void*)sim_all_ranks<T, 16, F>}
 static const void* kSimKernels[3][3][5] = {
-    {SIM_ROW(ONESHOT, float), SIM_ROW(ONESHOT, __half), SIM_ROW(ONESHOT, __nv_bfloat16)},
-    {SIM_ROW(TWOSHOT, float), SIM_ROW(TWOSHOT, __half), SIM_ROW(TWOSHOT, __nv_bfloat16)},
-    {SIM_ROW(LAMPORT, float), SIM_ROW(LAMPORT, __half), SIM_ROW(LAMPORT, __nv_bfloat16)},
+    SIM_TABLE_ROW(sim_all_ranks, ONESHOT),
+    SIM_TABLE_ROW(sim_all_ranks, TWOSHOT),
+    SIM_TABLE_ROW(sim_all_ranks, LAMPORT),
 };
 
 struct CheckResult {
@@ -172,31 +168,13 @@ struct Sim : SimRanks {
   }
   void launch_rank(const Call& c, int r, cudaStream_t s) {
     EarAllReduceParams p = params(r, c.inplace ? out[r] : in[r], out[r], c.count);
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(c.grid);
-    cfg.blockDim = dim3(block_rule(c.fam, c.dt, c.count));
-    cfg.stream = s;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = c.pdl ? 1 : 0;
-    void* args[] = {&p};
-    CK(cudaLaunchKernelExC(&cfg, kKernels[c.fam][c.dt][n_index(n)], args));
+    launch_kernel(kKernels[c.fam][c.dt][n_index(n)], dim3(c.grid), dim3(block_rule(c.fam, c.dt, c.count)), s,
+                  c.pdl, &p);
   }
   void launch_one(const Call& c, cudaStream_t s) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(c.grid, n);
-    cfg.blockDim = dim3(block_rule(c.fam, c.dt, c.count));
-    cfg.stream = s;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = c.pdl ? 1 : 0;
     const EarAllReduceParams* dp = c.dp;
-    void* args[] = {&dp};
-    CK(cudaLaunchKernelExC(&cfg, kSimKernels[c.fam][c.dt][n_index(n)], args));
+    launch_kernel(kSimKernels[c.fam][c.dt][n_index(n)], dim3(c.grid, n), dim3(block_rule(c.fam, c.dt, c.count)),
+                  s, c.pdl, &dp);
   }
   void allreduce(Call c) {
     if (one_launch) {
@@ -361,34 +339,23 @@ static void graph_test(Sim& s, int dt, int replays) {
   if (s.one_launch) {
     std::vector<const EarAllReduceParams*> dps(calls.size());
     for (size_t k = 0; k < calls.size(); ++k) with_slices(k, [&] { dps[k] = s.upload(call_for(k)); });
-    cudaGraph_t g;
-    CK(cudaStreamBeginCapture(s.origin, cudaStreamCaptureModeThreadLocal));
-    for (int r = 0; r < s.n; ++r) refresh(r, s.origin);
-    for (size_t k = 0; k < calls.size(); ++k) {
-      Sim::Call c = call_for(k);
-      c.dp = dps[k];
-      s.launch_one(c, s.origin);
-    }
-    for (int r = 0; r < s.n; ++r) bump_kernel<<<1, 1, 0, s.origin>>>(ctr + r);
-    CK(cudaStreamEndCapture(s.origin, &g));
-    cudaGraphExec_t e;
-    CK(cudaGraphInstantiate(&e, g, 0));
-    CK(cudaGraphDestroy(g));
-    execs.push_back(e);
+    execs.push_back(capture_graph(s.origin, [&] {
+      for (int r = 0; r < s.n; ++r) refresh(r, s.origin);
+      for (size_t k = 0; k < calls.size(); ++k) {
+        Sim::Call c = call_for(k);
+        c.dp = dps[k];
+        s.launch_one(c, s.origin);
+      }
+      for (int r = 0; r < s.n; ++r) bump_kernel<<<1, 1, 0, s.origin>>>(ctr + r);
+    }));
   } else {
-    for (int r = 0; r < s.n; ++r) {
-      cudaGraph_t g;
-      CK(cudaStreamBeginCapture(s.st[r], cudaStreamCaptureModeThreadLocal));
-      refresh(r, s.st[r]);
-      for (size_t k = 0; k < calls.size(); ++k)
-        with_slices(k, [&] { s.launch_rank(call_for(k), r, s.st[r]); });
-      bump_kernel<<<1, 1, 0, s.st[r]>>>(ctr + r);
-      CK(cudaStreamEndCapture(s.st[r], &g));
-      cudaGraphExec_t e;
-      CK(cudaGraphInstantiate(&e, g, 0));
-      CK(cudaGraphDestroy(g));
-      execs.push_back(e);
-    }
+    for (int r = 0; r < s.n; ++r)
+      execs.push_back(capture_graph(s.st[r], [&] {
+        refresh(r, s.st[r]);
+        for (size_t k = 0; k < calls.size(); ++k)
+          with_slices(k, [&] { s.launch_rank(call_for(k), r, s.st[r]); });
+        bump_kernel<<<1, 1, 0, s.st[r]>>>(ctr + r);
+      }));
   }
 
   bool ok = true;
@@ -448,25 +415,14 @@ static void time_case(Sim& s, int fam, int dt, uint64_t bytes) {
   std::vector<cudaGraphExec_t> execs;
   if (s.one_launch) {
     c.dp = s.upload(c);
-    cudaGraph_t g;
-    CK(cudaStreamBeginCapture(s.origin, cudaStreamCaptureModeThreadLocal));
-    for (int k = 0; k < per_graph; ++k) s.launch_one(c, s.origin);
-    CK(cudaStreamEndCapture(s.origin, &g));
-    cudaGraphExec_t e;
-    CK(cudaGraphInstantiate(&e, g, 0));
-    CK(cudaGraphDestroy(g));
-    execs.push_back(e);
+    execs.push_back(capture_graph(s.origin, [&] {
+      for (int k = 0; k < per_graph; ++k) s.launch_one(c, s.origin);
+    }));
   } else {
-    for (int r = 0; r < s.n; ++r) {
-      cudaGraph_t g;
-      CK(cudaStreamBeginCapture(s.st[r], cudaStreamCaptureModeThreadLocal));
-      for (int k = 0; k < per_graph; ++k) s.launch_rank(c, r, s.st[r]);
-      CK(cudaStreamEndCapture(s.st[r], &g));
-      cudaGraphExec_t e;
-      CK(cudaGraphInstantiate(&e, g, 0));
-      CK(cudaGraphDestroy(g));
-      execs.push_back(e);
-    }
+    for (int r = 0; r < s.n; ++r)
+      execs.push_back(capture_graph(s.st[r], [&] {
+        for (int k = 0; k < per_graph; ++k) s.launch_rank(c, r, s.st[r]);
+      }));
   }
   std::vector<float> us;
   for (int it = 0; it < replays + 2; ++it) {
