@@ -19,7 +19,8 @@
  *                  (st.release.sys) only by CTA b of rank r, read only by its owner.
  *   data region  (offsets from the start of the data region, all 128-byte aligned):
  *     EAR_OFF_ONESHOT          2 banks x EAR_ONESHOT_BANK_BYTES(m)          (one-shot)
- *     EAR_OFF_TWOSHOT_STAGE    nranks rows x EAR_TWOSHOT_SEG_BYTES(m, n)    (two-shot)
+ *     EAR_OFF_TWOSHOT_STAGE    2 parities x (nranks-1) rows x EAR_TWOSHOT_SEG_BYTES(m, n)
+ *                              (two-shot; row of a writer: EAR_TWOSHOT_STAGE_ROW)
  *     EAR_OFF_TWOSHOT_GATHER   nranks segs x EAR_TWOSHOT_SEG_BYTES(m, n)    (two-shot)
  *     EAR_OFF_LAMPORT          3 buffers x nranks rows x EAR_LAMPORT_ROW_BYTES(m)
  *   where m = max_msg_bytes (the largest count * elem_size the workspace serves; the same
@@ -64,7 +65,7 @@
 
 #include <stdint.h>
 
-#define EAR_ABI_VERSION 1
+#define EAR_ABI_VERSION 2
 
 #define EAR_MAX_RANKS 16
 /* Max grid accepted (the host must also keep grid <= SM count: co-residency). */
@@ -96,9 +97,16 @@
 #define EAR_VECS(m) EAR_CEIL_DIV((m), EAR_VEC_BYTES)
 /* One-shot: one bank holds a whole message. */
 #define EAR_ONESHOT_BANK_BYTES(m) EAR_ROUND_UP(EAR_VECS(m) * EAR_VEC_BYTES, EAR_ALIGN_BYTES)
-/* Two-shot: a segment is ceil(vecs / n) vectors; stage and gather hold n segments each. */
+/* Two-shot: a segment is ceil(vecs / n) vectors. The gather holds n segments; the stage
+ * one row per peer for each parity of the call number (a reader's rows are polled and
+ * zeroed by it, so a row is rewritten only two calls later: twoshot.cu). Row of `writer`
+ * in `reader`'s stage, for parity `par` (0 or 1): */
 #define EAR_TWOSHOT_SEG_VECS(m, n) EAR_CEIL_DIV(EAR_VECS(m), (n))
 #define EAR_TWOSHOT_SEG_BYTES(m, n) (EAR_TWOSHOT_SEG_VECS(m, n) * EAR_VEC_BYTES)
+#define EAR_TWOSHOT_STAGE_ROW(par, writer, reader, n) \
+  ((uint64_t)(par) * ((uint64_t)(n) - 1u) + (uint64_t)(writer) - ((writer) > (reader) ? 1u : 0u))
+#define EAR_TWOSHOT_STAGE_BYTES(m, n) \
+  EAR_ROUND_UP(2u * ((uint64_t)(n) - 1u) * EAR_TWOSHOT_SEG_BYTES(m, n), EAR_ALIGN_BYTES)
 #define EAR_TWOSHOT_AREA_BYTES(m, n) \
   EAR_ROUND_UP((uint64_t)(n) * EAR_TWOSHOT_SEG_BYTES(m, n), EAR_ALIGN_BYTES)
 /* Lamport: largest message and row size. */
@@ -109,12 +117,13 @@
 /* Offsets inside the data region (add EAR_SIGNAL_BYTES for offsets from the base). */
 #define EAR_OFF_ONESHOT(m, n) ((uint64_t)0u)
 #define EAR_OFF_TWOSHOT_STAGE(m, n) (EAR_OFF_ONESHOT(m, n) + 2u * EAR_ONESHOT_BANK_BYTES(m))
-#define EAR_OFF_TWOSHOT_GATHER(m, n) (EAR_OFF_TWOSHOT_STAGE(m, n) + EAR_TWOSHOT_AREA_BYTES(m, n))
+#define EAR_OFF_TWOSHOT_GATHER(m, n) (EAR_OFF_TWOSHOT_STAGE(m, n) + EAR_TWOSHOT_STAGE_BYTES(m, n))
 #define EAR_OFF_LAMPORT(m, n) (EAR_OFF_TWOSHOT_GATHER(m, n) + EAR_TWOSHOT_AREA_BYTES(m, n))
 
 /* Data region size of one rank:
- *   2*B1(m) + 2*round128(n*ceil(ceil(m/16)/n)*16) + 3*n*round128(min(m, 2 MiB)),
- *   B1(m) = round128(ceil(m/16)*16).   About 4*m + 6*n MiB for m >= 2 MiB. */
+ *   2*B1(m) + round128(2*(n-1)*G) + round128(n*G) + 3*n*round128(min(m, 2 MiB)),
+ *   B1(m) = round128(ceil(m/16)*16), G = ceil(ceil(m/16)/n)*16.
+ *   About (5 - 2/n)*m + 6*n MiB for m >= 2 MiB (4*m + 12 MiB at 2 ranks). */
 #define EAR_DATA_BYTES(m, n) \
   (EAR_OFF_LAMPORT(m, n) + 3u * (uint64_t)(n) * EAR_LAMPORT_ROW_BYTES(m))
 /* The whole allocation of one rank. */

@@ -29,10 +29,10 @@ constexpr int kThreads = EAR_BLOCK_THREADS;
 // next call reads the copies after griddepcontrol.wait (or the kernel boundary), i.e. after
 // this grid completed and its writes are visible.
 struct State {
-  // Calls of the barrier families (oneshot, twoshot) completed on this workspace. Call
-  // `seq` uses flag values 2*seq+1 (first barrier) and 2*seq+2 (the fused two-shot's second) and
-  // one-shot bank seq % 2. Identical on every rank because every rank issues the same
-  // call sequence.
+  // One-shot and two-shot calls (plain and fused) completed on this workspace. Call `seq`
+  // uses flag values 2*seq+1 (first barrier) and 2*seq+2 (the fused two-shot's second),
+  // one-shot bank seq % 2 and two-shot stage parity seq % 2. Identical on every rank
+  // because every rank issues the same call sequence.
   uint64_t seq;
   // Lamport calls completed; call `lam_seq` writes buffer lam_seq % 3.
   uint64_t lam_seq;
@@ -364,6 +364,15 @@ struct Ranks {
   uint4 v[N];
 };
 
+// Two-shot stage rule (twoshot.cu, fused_norm.cu). Messages above kTwoShotBarrierAbove
+// bytes take a barrier after the scatter; smaller ones poll the stage, and so read only the
+// first twoshot_polled_seg(N) vectors of a stage row. Every call leaves that prefix of the
+// rows it read zeroed (a large call zeroes nothing else: the zeroing is an HBM pass).
+constexpr uint64_t kTwoShotBarrierAbove = 4ull << 20;
+__host__ __device__ constexpr uint64_t twoshot_polled_seg(int n) {
+  return (kTwoShotBarrierAbove / EAR_VEC_BYTES + n - 1) / n;
+}
+
 // Iterations per batch: pure copies keep 4 vectors in flight per thread; reductions keep
 // N per iteration, so fewer iterations as N grows (registers: 4 * N * batch).
 constexpr int kCopyBatch = 4;
@@ -416,21 +425,25 @@ __device__ __forceinline__ void lamport_clear(char* lam, uint64_t buf, int rank,
   }
 }
 
-// One polling step: reloads (ld.volatile) each peer vector at `at + r * row_bytes` that has
-// not arrived yet (a zero word); true if all had arrived. v.v[rank] is our own value, left
-// alone. Callers waiting on several vectors step all of them in one loop, so their reloads
+// One polling step: reloads (ld.volatile) each peer vector (rank r's at at(r), or at
+// `at + r * row_bytes`) that has not arrived yet (a zero word); true if all had arrived.
+// v.v[rank] is our own value, left alone. Callers waiting on several vectors step all of them in one loop, so their reloads
 // are in flight together (one memory latency per round, not one per vector).
-template <int N>
-__device__ __forceinline__ bool lamport_poll(Ranks<N>& v, int rank, const char* at, uint64_t row_bytes) {
+template <int N, typename At>
+__device__ __forceinline__ bool lamport_poll_at(Ranks<N>& v, int rank, At at) {
   bool arrived = true;
 #pragma unroll
   for (int r = 0; r < N; ++r) {
     if (r != rank && !lamport_arrived(v.v[r])) {
       arrived = false;
-      v.v[r] = ld_volatile(at + r * row_bytes);
+      v.v[r] = ld_volatile(at(r));
     }
   }
   return arrived;
+}
+template <int N>
+__device__ __forceinline__ bool lamport_poll(Ranks<N>& v, int rank, const char* at, uint64_t row_bytes) {
+  return lamport_poll_at<N>(v, rank, [&](int r) { return at + r * row_bytes; });
 }
 
 // ---------------------------------------------------------------------------------------

@@ -40,14 +40,17 @@
 // at the top of oneshot.cu, twoshot.cu, lamport.cu. Differences:
 //   oneshot_norm  bank seq % 2, vector (row*row_vecs + k) at 16*(row*row_vecs + k); CTA b
 //                 stages its rows, barrier 2*seq+1, reads its rows from every bank, sums,
-//                 adds bias + residual, writes residual_out, normalises. seq += 1 (same bank
-//                 reuse argument: one barrier joined by CTA 0 of every rank per call).
+//                 adds bias + residual, writes residual_out, normalises. seq += 1 (the bank
+//                 reuse argument of oneshot.cu).
 //   twoshot_norm  row split into N column slices of cs = ceil(row_vecs/N) vectors, rank s
-//                 owns slice s of every row; stage row r / gather segment s hold vector
+//                 owns slice s of every row; the stage row of writer r (the plain
+//                 two-shot's, parity seq % 2) and gather segment s hold vector
 //                 (row*cs + c) at 16*(row*cs + c).
-//                   1. push slice s != rank of our x rows to rank s's stage row `rank`;
+//                   1. push slice s != rank of our x rows to our row of rank s's stage;
 //                   2. barrier 2*seq+1;
-//                   3. our slice: own x + stage rows in rank order, + bias + residual, round:
+//                   3. our slice: own x + stage rows in rank order (the slots in the
+//                      stage's polled prefix zeroed: the plain two-shot polls it), + bias
+//                      + residual, round:
 //                      write our residual_out and push it into gather segment `rank` of
 //                      every peer;
 //                   4. barrier 2*seq+2;
@@ -56,9 +59,10 @@
 //                      our slice re-read from residual_out, then the norm of the full row,
 //                      locally on every rank (bit-identical: same rounded residual_out,
 //                      same order).
-//                 Reuse argument unchanged (stage read before barrier 4, gather written after
-//                 barrier 2 and read before the call ends). The owner applies ITS residual
-//                 and bias to its slice: these must be identical on every rank (TP).
+//                 Reuse argument of twoshot.cu (stage parity seq % 2 read and zeroed in
+//                 the call; gather written after barrier 2 and read before the call
+//                 ends). The owner applies ITS residual and bias to its slice: these must
+//                 be identical on every rank (TP).
 //   lamport_norm  buffer lam_seq % 3, row r of a buffer holds rank r's padded rows, vector
 //                 (row*row_vecs + k); 1. push all our rows (sanitized, 16-byte stores; every
 //                 CTA a flat share out of place, each CTA its own rows in place),
@@ -298,6 +302,10 @@ __device__ __forceinline__ void twoshot_norm_body(const EarFusedParams& p) {
   const uint64_t stage_off = EAR_SIGNAL_BYTES + EAR_OFF_TWOSHOT_STAGE(m, N);
   const uint64_t gather_off = EAR_SIGNAL_BYTES + EAR_OFF_TWOSHOT_GATHER(m, N);
   char* const mine = static_cast<char*>(peer_base<N>(p.ar, rank));
+  const uint64_t par = c.seq & 1u;
+  const auto stage_at = [&](int r, uint64_t row, uint32_t col) {
+    return mine + stage_off + EAR_TWOSHOT_STAGE_ROW(par, r, rank, N) * seg_bytes + (row * cs + col) * 16;
+  };
 
   // 1. scatter: slice s of our rows goes to row `rank` of rank s's stage (chunk k of a row
   // is column k % cs of slice k / cs).
@@ -306,8 +314,8 @@ __device__ __forceinline__ void twoshot_norm_body(const EarFusedParams& p) {
       [&](uint64_t row, uint32_t k, const uint4& v) {
         const uint32_t s = k / cs;
         if (s != static_cast<uint32_t>(rank))
-          st_vec(static_cast<char*>(peer_base<N>(p.ar, s)) + stage_off + rank * seg_bytes +
-                     (row * cs + (k - s * cs)) * 16,
+          st_vec(static_cast<char*>(peer_base<N>(p.ar, s)) + stage_off +
+                     EAR_TWOSHOT_STAGE_ROW(par, rank, s, N) * seg_bytes + (row * cs + (k - s * cs)) * 16,
                  v);
       });
 
@@ -327,13 +335,19 @@ __device__ __forceinline__ void twoshot_norm_body(const EarFusedParams& p) {
 #pragma unroll
         for (int r = 0; r < N; ++r)
           in.x.v[r] = (r == rank) ? load_row_chunk<T>(p.ar.input, row, p.hidden, k, vec_ok)
-                                  : ld_cg(mine + stage_off + r * seg_bytes + (row * cs + col) * 16);
+                                  : ld_cg(stage_at(r, row, col));
         fetch_extras<T, N>(p, row, k, vec_ok, in);
         return in;
       },
       [&](uint64_t f, const RowIn<N>& in) {
         const uint64_t row = blockIdx.x + (f / own_len) * gridDim.x;
         const uint32_t col = static_cast<uint32_t>(f % own_len);
+        // The plain two-shot polls the stage's prefix: leave it zeroed (twoshot.cu).
+        if (row * cs + col < twoshot_polled_seg(N)) {
+#pragma unroll
+          for (int r = 0; r < N; ++r)
+            if (r != rank) st_vec(stage_at(r, row, col), make_uint4(0u, 0u, 0u, 0u));
+        }
         const uint4 out = sum_add_residual<T, N>(p, in, row, own_first + col, vec_ok);
         const uint64_t slot = (row * cs + col) * 16;
 #pragma unroll

@@ -16,11 +16,11 @@
 //
 // Why bank reuse is safe without an exit barrier: call seq writes bank seq % 2, which was
 // last read by peers in call seq-2. Rank r starts call seq only after its call seq-1 has
-// completed (stream order, or griddepcontrol.wait under PDL), and call seq-1 had CTA 0 of r
-// wait in a barrier for CTA 0 of every peer in call seq-1, which a peer reaches only after
-// its call seq-2 has completed. So no peer still reads the bank. This needs only "every
-// call has at least one barrier that CTA 0 of every rank joins", which holds for both
-// barrier families (they share seq and the signal slots), whatever the grid of each call.
+// completed (stream order, or griddepcontrol.wait under PDL), and a call of any family
+// completes on a rank only after every peer has started it (it waits, in a barrier or a
+// poll, on something every peer writes in that call: see each family), which a peer does
+// only after its call seq-2 has completed. So no peer still reads the bank, whatever the
+// family and the grid of each call in between.
 //
 // Cost per rank: local copy S, (N-1)*S NVLink reads, one flag round trip.
 #include "common.cuh"

@@ -403,8 +403,9 @@ struct Record {
 /// Names the record layout AND the kernels' cross-rank protocol: change it whenever either
 /// changes, so ranks running different builds do not form a group (each rejects the other's
 /// records, so all fall back to NCCL together instead of waiting on each other in kernels
-/// that no longer match). "EAR2": the two-shot's all-gather is polled (one barrier, not two).
-const RECORD_MAGIC: u32 = 0x4541_5232; // "EAR2"
+/// that no longer match). "EAR3": the two-shot has no barrier (polled reduce-scatter into a
+/// stage of two parities, polled all-gather).
+const RECORD_MAGIC: u32 = 0x4541_5233; // "EAR3"
 const RECORD_BYTES: usize = 104;
 
 impl Record {
@@ -554,7 +555,7 @@ mod tests {
         assert!(Record::decode(&[0u8; RECORD_BYTES]).is_none(), "no magic, no record");
         assert!(Record::decode(&[0u8; 8]).is_none());
         let mut older = record(1).encode();
-        older[0..4].copy_from_slice(&0x4541_5257u32.to_le_bytes()); // "EARW": two barriers
+        older[0..4].copy_from_slice(&0x4541_5232u32.to_le_bytes()); // "EAR2": two-shot with a barrier
         assert!(Record::decode(&older).is_none(), "a build with the previous kernel protocol");
     }
 

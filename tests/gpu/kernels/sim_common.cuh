@@ -155,6 +155,13 @@ __global__ void gen_from_counter(void* buf, uint64_t count, int dt, const uint64
   }
 }
 __global__ void bump_kernel(uint64_t* ctr) { *ctr += 1; }
+// Adds to *dirty the number of CTAs that saw a vector (of n) that is not all zero.
+__global__ void count_nonzero(const uint4* v, uint64_t n, unsigned* dirty) {
+  bool any = false;
+  for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < n; i += (uint64_t)gridDim.x * blockDim.x)
+    any |= (v[i].x | v[i].y | v[i].z | v[i].w) != 0u;
+  if (__syncthreads_or(any) && threadIdx.x == 0) atomicAdd(dirty, 1u);
+}
 
 // Launches kernel k (one argument, by pointer in args) on stream s, with programmatic
 // dependent launch when pdl is set (as the library launches).
@@ -283,6 +290,28 @@ struct SimRanks {
     CK(cudaEventDestroy(fork));
     CK(cudaEventDestroy(t0));
     CK(cudaEventDestroy(t1));
+  }
+  // The two-shot protocol's invariant (twoshot.cu): between calls, every rank's gather and
+  // the polled prefix of each of its stage rows are all zero. Reported as one case.
+  void check_twoshot_areas() {
+    g_case = "two-shot areas";
+    CK(cudaDeviceSynchronize());
+    unsigned* dirty = nullptr;
+    CK(cudaMallocManaged(&dirty, sizeof(unsigned)));
+    *dirty = 0;
+    const uint64_t seg_bytes = EAR_TWOSHOT_SEG_BYTES(ws_max, n);
+    const uint64_t prefix = std::min<uint64_t>(ear::twoshot_polled_seg(n), seg_bytes / 16);
+    for (int r = 0; r < n; ++r) {
+      const char* data = static_cast<const char*>(ws[r]) + EAR_SIGNAL_BYTES;
+      for (int row = 0; row < 2 * (n - 1); ++row)
+        count_nonzero<<<64, 256>>>(reinterpret_cast<const uint4*>(data + EAR_OFF_TWOSHOT_STAGE(ws_max, n) + row * seg_bytes),
+                                   prefix, dirty);
+      count_nonzero<<<256, 256>>>(reinterpret_cast<const uint4*>(data + EAR_OFF_TWOSHOT_GATHER(ws_max, n)),
+                                  EAR_TWOSHOT_AREA_BYTES(ws_max, n) / 16, dirty);
+    }
+    CK(cudaDeviceSynchronize());
+    report(*dirty == 0, "n%d two-shot gather and stage prefixes all zero after the calls (dirty CTAs: %u)", n, *dirty);
+    CK(cudaFree(dirty));
   }
   // Largest grid that keeps all N grids co-resident (one CTA per SM assumed).
   int grid_cap() const { return std::max(1, std::min(EAR_MAX_BLOCKS, sms / n)); }

@@ -765,6 +765,7 @@ int main(int argc, char** argv) {
         graph_test(s, dt, graph_replays);
       }
     }
+    s.check_twoshot_areas();
     if (timing && !quick && !one_launch && !reduced) {
       for (int fam = 0; fam < 3; ++fam)
         for (uint32_t hidden : {4096u, 8192u})

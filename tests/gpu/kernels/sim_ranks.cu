@@ -484,6 +484,7 @@ int main(int argc, char** argv) {
       if (quick && dt != BF16) continue;
       graph_test(s, dt, graph_replays);
     }
+    s.check_twoshot_areas();
     if (timing && !quick && (n == 2 || n == 4 || n == 8)) {
       for (int fam = 0; fam < 3; ++fam)
         for (int dt = 0; dt < 3; ++dt)
