@@ -56,7 +56,7 @@ __device__ __forceinline__ void lamport_body(const EarAllReduceParams& p) {
   // 2 x H200, docs/PERFORMANCE.md).
   const auto load = [&](uint64_t i) { return lamport_sanitize(load_input<T>(p.input, i, p.count)); };
   uint4 head[1];
-  load_head(head, first, stride, vecs, load);
+  load_batch(head, first, stride, vecs, load);
   const CallCounters c = begin_call(p, [&](CallCounters k) { return next_lamport_call(k, vecs); });
   const uint64_t m = p.ws_max_bytes;
   const int rank = p.rank;

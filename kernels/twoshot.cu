@@ -99,8 +99,8 @@ __device__ __forceinline__ void twoshot_body(const EarAllReduceParams& p) {
       });
   // Large messages only: a barrier here keeps each CTA in step with its peers (the polls
   // below need no check; a segment this long goes past the polled prefix). Measured on
-  // 2 x H200: 200.5 us at 64 MiB with it, 216 without; without it 0.5 us faster at 4 MiB
-  // and 1.3 at 1 KiB (docs/PERFORMANCE.md).
+  // 2 x H200: 200.5 us at 64 MiB with it, 216-227 without, level at 16 MiB (56.1 against
+  // 56.5); without it 1.4 us faster at 8 MiB and 0.7 at 4 MiB (docs/PERFORMANCE.md).
   const bool paced = p.count * sizeof(T) > kTwoShotBarrierAbove;
   if (paced) cta_barrier<N>(p, 2 * c.seq + 1);
 
@@ -158,7 +158,7 @@ __device__ __forceinline__ void twoshot_body(const EarAllReduceParams& p) {
   const uint64_t step = U * stride;
   const auto reduce_and_gather = [&](auto stage_poll) {
     for (uint64_t i0 = first; i0 < seg + step; i0 += step) {
-      if (i0 < own_len) batch_step<U>(i0, stride, own_len, reduce_load, stage_poll, reduce_use);
+      if (i0 < own_len) batch_step_each<U>(i0, stride, own_len, reduce_load, stage_poll, reduce_use);
       if (i0 >= first + step) batch_step<U>(i0 - step, stride, seg, gather_load, gather_poll, gather_use);
     }
   };
