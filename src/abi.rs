@@ -45,6 +45,8 @@ pub extern "C" fn edgellmUnregisterNcclCommForAllReducePlugin(deviceId: c_int, n
 /// Returns true unless that registration failed.
 #[no_mangle]
 #[allow(non_snake_case)]
+// A C entry point: the pointer's contract is the C header's (null or NUL-terminated).
+#[allow(clippy::not_unsafe_ptr_arg_deref)]
 pub extern "C" fn initEdgellmPlugins(logger: *mut c_void, libNamespace: *const c_char) -> bool {
     guard("initEdgellmPlugins", || {
         if !logger.is_null() {

@@ -55,55 +55,10 @@ impl Drop for Watchdog {
     }
 }
 
-/// Deterministic pseudo-random values in [-2, 2), as raw element bits of `dtype`, and as f64.
-fn random(count: usize, dtype: DataType, seed: u64) -> (Vec<u8>, Vec<f64>) {
-    let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    let mut bytes = Vec::with_capacity(count * dtype.size());
-    let mut values = Vec::with_capacity(count);
-    for _ in 0..count {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        let x = ((state >> 40) as f64 / (1u64 << 24) as f64) * 4.0 - 2.0;
-        let stored = match dtype {
-            DataType::Float => {
-                bytes.extend_from_slice(&(x as f32).to_ne_bytes());
-                x as f32 as f64
-            }
-            DataType::Half => {
-                let h = half::f16::from_f64(x);
-                bytes.extend_from_slice(&h.to_bits().to_ne_bytes());
-                h.to_f64()
-            }
-            DataType::Bf16 => {
-                let h = half::bf16::from_f64(x);
-                bytes.extend_from_slice(&h.to_bits().to_ne_bytes());
-                h.to_f64()
-            }
-        };
-        values.push(stored);
-    }
-    (bytes, values)
-}
-
-fn decode(bytes: &[u8], dtype: DataType) -> Vec<f64> {
-    bytes
-        .chunks_exact(dtype.size())
-        .map(|c| match dtype {
-            DataType::Float => f32::from_ne_bytes(c.try_into().unwrap()) as f64,
-            DataType::Half => half::f16::from_bits(u16::from_ne_bytes(c.try_into().unwrap())).to_f64(),
-            DataType::Bf16 => half::bf16::from_bits(u16::from_ne_bytes(c.try_into().unwrap())).to_f64(),
-        })
-        .collect()
-}
-
-fn tolerance(dtype: DataType) -> f64 {
-    match dtype {
-        DataType::Float => 1e-5,
-        DataType::Half => 2e-3,
-        DataType::Bf16 => 1e-2,
-    }
-}
+// The benchmark's input generator and output check, one definition for both.
+#[allow(dead_code)]
+#[path = "../bench/src/data.rs"]
+mod data;
 
 /// One all-reduce on every rank of `group`; returns each rank's output bytes.
 fn all_reduce(
@@ -155,22 +110,26 @@ fn every_family_type_and_rank_count_on_simulated_ranks() {
                     }
                     let in_place = i % 2 == 1;
                     watchdog.at(format!("{family:?} {dtype:?} n={nranks} count={count} in_place={in_place}"));
-                    let data: Vec<_> = (0..nranks).map(|r| random(count, dtype, (r as u64 + 1) * 7919 + count as u64)).collect();
-                    let inputs: Vec<_> = data.iter().map(|(b, _)| b.clone()).collect();
+                    // fp64 sum of the stored inputs, in rank order.
+                    let mut reference = vec![0f64; count];
+                    let inputs: Vec<_> = (0..nranks)
+                        .map(|r| data::generate(count, dtype, (r as u64 + 1) * 7919 + count as u64, Some(&mut reference)))
+                        .collect();
                     let outputs = all_reduce(&group, &streams, family, dtype, &inputs, in_place);
                     for (rank, out) in outputs.iter().enumerate() {
                         assert!(out == &outputs[0], "rank {rank} differs from rank 0: {family:?} {dtype:?} n={nranks} count={count}");
                     }
-                    let got = decode(&outputs[0], dtype);
-                    let (mut err, mut norm) = (0f64, 0f64);
-                    for i in 0..count {
-                        let reference: f64 = data.iter().map(|(_, v)| v[i]).sum();
-                        assert!(got[i].is_finite(), "unwritten or non-finite output at {i}: {family:?} {dtype:?} n={nranks} count={count}");
-                        err += (got[i] - reference).powi(2);
-                        norm += reference.powi(2);
-                    }
-                    let rel = (err / norm.max(1e-30)).sqrt();
-                    assert!(rel < tolerance(dtype), "relative error {rel:e}: {family:?} {dtype:?} n={nranks} count={count}");
+                    let check = data::check_output(&outputs[0], &reference, dtype);
+                    assert!(
+                        check.first_bad.is_none(),
+                        "unwritten or non-finite output at {:?}: {family:?} {dtype:?} n={nranks} count={count}",
+                        check.first_bad
+                    );
+                    assert!(
+                        check.rel_err < check.tolerance,
+                        "relative error {:e}: {family:?} {dtype:?} n={nranks} count={count}",
+                        check.rel_err
+                    );
                     passed += 1;
                 }
             }
