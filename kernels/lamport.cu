@@ -3,7 +3,7 @@
 // EAR_LAMPORT_MAX_MSG(ws_max_bytes), at most 2 MiB).
 //
 // Protocol (call number k = State::lam_seq, identical on every rank; counted separately
-// from the barrier families):
+// from the one-shot and two-shot calls):
 //   layout   lam(q, buf, row) = data region of rank q + EAR_OFF_LAMPORT
 //                               + (buf * N + row) * EAR_LAMPORT_ROW_BYTES(m)
 //            3 buffers x N rows per rank; row r of rank q's buffer is written only by rank

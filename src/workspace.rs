@@ -403,8 +403,8 @@ struct Record {
 /// Names the record layout AND the kernels' cross-rank protocol: change it whenever either
 /// changes, so ranks running different builds do not form a group (each rejects the other's
 /// records, so all fall back to NCCL together instead of waiting on each other in kernels
-/// that no longer match). "EAR3": the two-shot has no barrier (polled reduce-scatter into a
-/// stage of two parities, polled all-gather).
+/// that no longer match). "EAR3": the two-shot's reduce-scatter is polled, into a stage of
+/// two parities (a barrier only above 8 MiB).
 const RECORD_MAGIC: u32 = 0x4541_5233; // "EAR3"
 const RECORD_BYTES: usize = 104;
 
