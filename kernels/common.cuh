@@ -30,9 +30,9 @@ constexpr int kThreads = EAR_BLOCK_THREADS;
 // this grid completed and its writes are visible.
 struct State {
   // One-shot and two-shot calls (plain and fused) completed on this workspace. Call `seq`
-  // uses flag values 2*seq+1 (first barrier) and 2*seq+2 (the fused two-shot's second),
-  // one-shot bank seq % 2 and two-shot stage parity seq % 2. Identical on every rank
-  // because every rank issues the same call sequence.
+  // uses flag values flag_value(seq, i) (i < kFlagsPerCall: its barriers or chunks in
+  // order), one-shot bank seq % 2 and two-shot stage parity seq % 2. Identical on every
+  // rank because every rank issues the same call sequence.
   uint64_t seq;
   // Lamport calls completed; call `lam_seq` writes buffer lam_seq % 3.
   uint64_t lam_seq;
@@ -286,29 +286,52 @@ __device__ __forceinline__ void check_params(const EarAllReduceParams& p, uint64
 }
 
 // ---------------------------------------------------------------------------------------
-// Cross-rank barrier of CTA blockIdx.x with the CTAs of the same index on every rank.
-// Promise: everything this CTA wrote before the call (to any rank's memory) is visible to
-// the same-index CTA of every peer after its barrier, and vice versa.
-//   Thread q < N, q != rank, publishes `value` into rank q's slot[blockIdx.x][rank]
-//   (st.release.sys after __syncthreads, so the whole CTA's earlier writes are ordered
-//   before it) and spins on our slot[blockIdx.x][q] (ld.acquire.sys) until it holds a
-//   value >= `value`; the closing __syncthreads hands the acquire to the whole CTA.
-// Values are 64-bit and only ever increase on every slot (2*seq+1, 2*seq+2, seq counting
-// calls), so a slot left behind by an older call or a larger grid is always smaller than
-// what a later call waits for (no ABA when grids or sizes change), and a peer that is one
-// barrier or one call ahead may overwrite our slot with a larger value without making us
-// miss it (the wait is >=, not ==). 64 bits never wrap.
+// Cross-rank flags. slot[b][r] of rank q's signal region is written only by CTA b of rank r.
+// Values are 64-bit and only ever increase on every slot: call `seq` publishes
+// flag_value(seq, 0), flag_value(seq, 1), ... in order, so a slot left behind by an older
+// call or a larger grid is always smaller than what a later call waits for (no ABA when
+// grids or sizes change), and a peer that is one flag or one call ahead may overwrite our
+// slot with a larger value without making us miss it (the wait is >=, not ==). 64 bits
+// never wrap (2^58 calls).
+constexpr uint32_t kFlagsPerCall = 64;
+__device__ __forceinline__ uint64_t flag_value(uint64_t seq, uint32_t i) {
+  return seq * kFlagsPerCall + i + 1;
+}
+
+// Lane q < N, q != rank, of the calling threads: publishes `value` into rank q's
+// slot[blockIdx.x][rank] (st.release.sys: every write this thread has observed, e.g. the
+// CTA's through a bar.sync, is ordered before it) and spins on our slot[blockIdx.x][q]
+// (ld.acquire.sys) until it holds a value >= `value`. Other lanes return at once.
 template <int N>
-__device__ __forceinline__ void cta_barrier(const EarAllReduceParams& p, uint64_t value) {
-  __syncthreads();
-  const int q = static_cast<int>(threadIdx.x);
+__device__ __forceinline__ void flag_exchange(const EarAllReduceParams& p, uint64_t value, int q) {
   if (q < N && q != p.rank) {
     st_release_sys(signal_slot(peer_base<N>(p, q), blockIdx.x, p.rank), value);
     const uint64_t* mine = signal_slot(peer_base<N>(p, p.rank), blockIdx.x, q);
     while (ld_acquire_sys(mine) < value) {
     }
   }
+}
+
+// Cross-rank barrier of CTA blockIdx.x with the CTAs of the same index on every rank.
+// Promise: everything this CTA wrote before the call (to any rank's memory) is visible to
+// the same-index CTA of every peer after its barrier, and vice versa. flag_exchange between
+// two __syncthreads: the first orders the CTA's writes before the publishing threads', the
+// second hands their acquire to the whole CTA.
+template <int N>
+__device__ __forceinline__ void cta_barrier(const EarAllReduceParams& p, uint64_t value) {
   __syncthreads();
+  flag_exchange<N>(p, value, static_cast<int>(threadIdx.x));
+  __syncthreads();
+}
+
+// Named CTA barriers (id 0 is __syncthreads'): `threads` threads take part, whole warps.
+// bar.arrive does not wait; like bar.sync it orders the caller's earlier memory accesses
+// before the barrier completes for every participant (PTX ISA, barrier).
+__device__ __forceinline__ void bar_sync(uint32_t id, uint32_t threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void bar_arrive(uint32_t id, uint32_t threads) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
 // The counters of a call, and what the call leaves for the next one.
@@ -364,13 +387,13 @@ struct Ranks {
   uint4 v[N];
 };
 
-// Two-shot stage rule (twoshot.cu, fused_norm.cu). Messages above kTwoShotBarrierAbove
-// bytes take a barrier after the scatter; smaller ones poll the stage, and so read only the
+// Two-shot stage rule (twoshot.cu, fused_norm.cu). Messages above kTwoShotPacedAbove
+// bytes are paced by per-chunk flags; smaller ones poll the stage, and so read only the
 // first twoshot_polled_seg(N) vectors of a stage row. Every call leaves that prefix of the
 // rows it read zeroed (a large call zeroes nothing else: the zeroing is an HBM pass).
-constexpr uint64_t kTwoShotBarrierAbove = 8ull << 20;
+constexpr uint64_t kTwoShotPacedAbove = 8ull << 20;
 __host__ __device__ constexpr uint64_t twoshot_polled_seg(int n) {
-  return (kTwoShotBarrierAbove / EAR_VEC_BYTES + n - 1) / n;
+  return (kTwoShotPacedAbove / EAR_VEC_BYTES + n - 1) / n;
 }
 
 // Iterations per batch: pure copies keep 4 vectors in flight per thread; reductions keep

@@ -39,21 +39,21 @@
 // and state counters (so plain and fused calls interleave on one communicator), described
 // at the top of oneshot.cu, twoshot.cu, lamport.cu. Differences:
 //   oneshot_norm  bank seq % 2, vector (row*row_vecs + k) at 16*(row*row_vecs + k); CTA b
-//                 stages its rows, barrier 2*seq+1, reads its rows from every bank, sums,
-//                 adds bias + residual, writes residual_out, normalises. seq += 1 (the bank
-//                 reuse argument of oneshot.cu).
+//                 stages its rows, barrier flag_value(seq, 0), reads its rows from every
+//                 bank, sums, adds bias + residual, writes residual_out, normalises.
+//                 seq += 1 (the bank reuse argument of oneshot.cu).
 //   twoshot_norm  row split into N column slices of cs = ceil(row_vecs/N) vectors, rank s
 //                 owns slice s of every row; the stage row of writer r (the plain
 //                 two-shot's, parity seq % 2) and gather segment s hold vector
 //                 (row*cs + c) at 16*(row*cs + c).
 //                   1. push slice s != rank of our x rows to our row of rank s's stage;
-//                   2. barrier 2*seq+1;
+//                   2. barrier flag_value(seq, 0);
 //                   3. our slice: own x + stage rows in rank order (the slots in the
 //                      stage's polled prefix zeroed: the plain two-shot polls it), + bias
 //                      + residual, round:
 //                      write our residual_out and push it into gather segment `rank` of
 //                      every peer;
-//                   4. barrier 2*seq+2;
+//                   4. barrier flag_value(seq, 1);
 //                   5. per row: residual_out slices s != rank from our gather (written to
 //                      residual_out, the gather slot zeroed: the plain two-shot polls it),
 //                      our slice re-read from residual_out, then the norm of the full row,
@@ -266,7 +266,7 @@ __device__ __forceinline__ void oneshot_norm_body(const EarFusedParams& p) {
       p, hv, [&](uint64_t row, uint32_t k) { return load_row_chunk<T>(p.ar.input, row, p.hidden, k, vec_ok); },
       [&](uint64_t row, uint32_t k, const uint4& v) { st_vec(own_bank + (row * hv + k) * 16, v); });
 
-  cta_barrier<N>(p.ar, 2 * c.seq + 1);
+  cta_barrier<N>(p.ar, flag_value(c.seq, 0));
 
   // 3. per row: pull from every bank, sum in rank order, + bias + residual, norm.
   for (uint64_t row = blockIdx.x; row < p.tokens; row += gridDim.x) {
@@ -319,7 +319,7 @@ __device__ __forceinline__ void twoshot_norm_body(const EarFusedParams& p) {
                  v);
       });
 
-  cta_barrier<N>(p.ar, 2 * c.seq + 1);
+  cta_barrier<N>(p.ar, flag_value(c.seq, 0));
 
   // 3. our slice: reduce, + bias + residual, round; write it and push it to every peer.
   const uint32_t own_first = rank * cs;
@@ -356,7 +356,7 @@ __device__ __forceinline__ void twoshot_norm_body(const EarFusedParams& p) {
             st_vec(static_cast<char*>(p.ar.peer_ws[q]) + gather_off + rank * seg_bytes + slot, out);
       });
 
-  cta_barrier<N>(p.ar, 2 * c.seq + 2);
+  cta_barrier<N>(p.ar, flag_value(c.seq, 1));
 
   // 5. full rows from our gather segments and our own slice, then the norm, locally.
   for (uint64_t row = blockIdx.x; row < p.tokens; row += gridDim.x) {

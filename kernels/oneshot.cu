@@ -5,7 +5,7 @@
 //            a copy of our whole input, vector i at byte 16*i.
 //   1. stage  every CTA b copies its vectors (i = b*512 + t, grid-stride) of our input into
 //             our own bank (local writes).
-//   2. barrier cta_barrier(2*seq+1): CTA b of every rank has staged its vectors.
+//   2. barrier cta_barrier(flag_value(seq, 0)): CTA b of every rank has staged its vectors.
 //   3. reduce CTA b loads the SAME vectors from the bank of every rank (N-1 NVLink reads),
 //             sums them in rank order 0..N-1 in fp32, writes our output.
 //   (begin_call advances seq for the next call; see State in common.cuh.)
@@ -44,7 +44,7 @@ __device__ __forceinline__ void oneshot_body(const EarAllReduceParams& p) {
       first, stride, vecs, [&](uint64_t i) { return load_input<T>(p.input, i, p.count); },
       [&](uint64_t i, const uint4& v) { st_vec(own_bank + i * 16, v); });
 
-  cta_barrier<N>(p, 2 * c.seq + 1);
+  cta_barrier<N>(p, flag_value(c.seq, 0));
 
   const char* banks[N];
 #pragma unroll

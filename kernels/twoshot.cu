@@ -1,7 +1,7 @@
 // twoshot.cu: two-shot all-reduce, push flavour (ear_twoshot_<t>_n<N>): a Lamport
 // reduce-scatter (the payload is its own flag) into a stage that alternates between two
-// parities, then a Lamport all-gather. Every wait is a poll on data; messages above
-// kTwoShotBarrierAbove also take one barrier after the scatter (pacing, not correctness).
+// parities, then a Lamport all-gather. Messages up to kTwoShotPacedAbove wait only by
+// polling data; larger ones are paced by per-chunk flags (below).
 //
 // Protocol (call number seq = State::seq, shared with oneshot.cu; identical on every rank):
 //   vectors  vecs = ceil(count / E), split into N segments of seg = ceil(vecs / N) vectors;
@@ -15,26 +15,32 @@
 //            stage rows, their first twoshot_polled_seg(N) vectors (common.cuh): the host
 //            zero-fills both, every call zeroes what it read of them. Strides come from
 //            the workspace size m, not from count.
-//   Thread (b, t) handles offsets j = b*512 + t (grid-stride) inside EVERY segment, in all
-//   phases, so it only ever needs what the same-index thread of each rank wrote.
+//   Thread t of CTA b handles offsets j = b*W + t (grid-stride) inside EVERY segment, in all
+//   phases, so it only ever needs what the same-index thread of each rank wrote. W = 512;
+//   in a paced call warp 0 handles the flags and W = 480 "movers" (warps 1-15) the data.
 //   1. scatter  for every s != rank: push lamport_sanitize(our input vector s*seg+j) into
 //               our row of rank s's stage at j (NVLink writes).
-//   (barrier   cta_barrier(2*seq+1), only if count * sizeof(T) > kTwoShotBarrierAbove.)
 //   2. reduce   batch by batch: poll our stage rows at j for our segment until no word is
-//               zero (after the barrier: no check), zero them if j is in the polled prefix,
-//               sum in rank order our own input and the rows; write gather_canonical(sum)
-//               to our output and push it (sanitized) into gather segment `rank` of every
-//               peer. (The sanitize rewrite of the scattered input is exact: a -0 summand
-//               leaves an accumulator that starts at +0.0f unchanged.)
+//               zero (paced: wait for the chunk's flags instead, no check), zero them if j is
+//               in the polled prefix, sum in rank order our own input and the rows; write
+//               gather_canonical(sum) to our output and push it (sanitized) into gather
+//               segment `rank` of every peer. (The sanitize rewrite of the scattered input
+//               is exact: a -0 summand leaves an accumulator that starts at +0.0f unchanged.)
 //   3. gather   one batch behind phase 2 (so these local copies overlap its NVLink pushes):
 //               poll our gather segments s != rank at j until no word is zero, write
 //               gather_canonical(value) to our output, zero the slot.
+//   Paced (count * sizeof(T) > kTwoShotPacedAbove): the movers' batches are grouped in
+//   chunks (at most kFlagsPerCall per CTA), and the phases pipelined: step k scatters chunk
+//   k, then waits for chunk k-1's flags and reduces it (each reduced batch followed by the
+//   gather of the one before). Warp 0 publishes flag_value(seq, k) to every peer once the
+//   movers have issued chunk k's scatter (bar.arrive / bar.sync, then flag_exchange) and
+//   waits for theirs, so a chunk's flag round trip overlaps the next chunk's scatter.
 //   (begin_call advances seq for the next call; see State in common.cuh.)
 //   In place: each output vector is written by the thread that read the matching input
 //   vector, after reading it.
 //
-// Why reuse is safe without the barrier. Every call of every family completes on a rank only
-// after every peer has started it (here: segment 0 is never empty, its owner needs every
+// Why reuse is safe without an exit barrier. Every call of every family completes on a rank
+// only after every peer has started it (here: segment 0 is never empty, its owner needs every
 // rank's scatter and every other rank needs its owner's gather), i.e. after every peer has
 // completed its previous call (stream order / griddepcontrol.wait: all its writes done).
 // Rank r's stage and gather are written only by peers and read (and zeroed) only by r.
@@ -50,11 +56,26 @@
 //   after every peer started" property). The fused two-shot (fused_norm.cu) uses the same
 //   stage rows and gather and leaves the gather and the stage's polled prefix zeroed too.
 //
-// Cost per rank: 2*(N-1)/N*S NVLink writes, local reads and zeroing; a flag round trip
-// above kTwoShotBarrierAbove only.
+// Cost per rank: 2*(N-1)/N*S NVLink writes, local reads and zeroing; paced: a flag round
+// trip per chunk, overlapped with the next chunk's transfer.
 #include "common.cuh"
 
 namespace ear {
+
+// Named barriers of the paced path (ids 1-4; id 0 is __syncthreads'), by chunk parity:
+// kScattered + k % 2, the data warps have issued chunk k's scatter; kReady + k % 2, every
+// peer's chunk k has landed in our stage.
+constexpr uint32_t kScattered = 1, kReady = 3;
+
+// Vectors per thread per batch (registers: 4 * N * batch). 2 at 2 ranks: on 2 x H200,
+// against 4, 4 / 16 / 64 MiB took 14.9 / 53.2 / 191.8 us instead of 15.5 / 54.4 / 194.6 (more,
+// smaller chunks); 1 was slower above 8 MiB (55.7 us at 16 MiB).
+template <int N>
+constexpr int kTwoShotBatch = N <= 4 ? 2 : 1;
+// Paced path: the gather of a batch follows the reduce of the batch this many batches later
+// (2 x H200, 16 / 64 MiB: lag 0 53.1 / 193.2 us, 1: 53.2 / 191.8, 2: 54.3 / 192.9, 4: 56.6 /
+// 196.6).
+constexpr uint32_t kGatherLag = 1;
 
 template <typename T, int N>
 __device__ __forceinline__ void twoshot_body(const EarAllReduceParams& p) {
@@ -66,8 +87,12 @@ __device__ __forceinline__ void twoshot_body(const EarAllReduceParams& p) {
   const uint64_t vecs = vec_count<T>(p.count);
   const uint64_t seg = (vecs + N - 1) / N;
   const uint64_t seg_bytes = EAR_TWOSHOT_SEG_BYTES(m, N);
-  const uint64_t stride = static_cast<uint64_t>(gridDim.x) * kThreads;
-  const uint64_t first = static_cast<uint64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  // Paced (large) calls give warp 0 to the flags; the other warps move the data.
+  const bool paced = p.count * sizeof(T) > kTwoShotPacedAbove;
+  const uint32_t movers = paced ? kThreads - 32 : kThreads;
+  const uint32_t mover = threadIdx.x - (kThreads - movers);  // wraps for warp 0 when paced
+  const uint64_t stride = static_cast<uint64_t>(gridDim.x) * movers;
+  const uint64_t first = static_cast<uint64_t>(blockIdx.x) * movers + mover;
 
   // Peer addresses are recomputed from the params (constant bank) at each use: arrays of
   // 2N pointers would take 4N registers.
@@ -78,34 +103,26 @@ __device__ __forceinline__ void twoshot_body(const EarAllReduceParams& p) {
   char* const my_gather = data_region(peer_base<N>(p, rank)) + EAR_OFF_TWOSHOT_GATHER(m, N);
 
   // 1. scatter: our piece of segment s goes to our row of rank s's stage.
-  batched_for<kReduceBatch<N>>(
-      first, stride, seg,
-      [&](uint64_t j) {
-        Ranks<N> v;
+  const auto scatter_load = [&](uint64_t j) {
+    Ranks<N> v;
 #pragma unroll
-        for (int s = 0; s < N; ++s) {
-          const uint64_t vi = s * seg + j;
-          if (s != rank && vi < vecs) v.v[s] = load_input<T>(p.input, vi, p.count);
-        }
-        return v;
-      },
-      [&](uint64_t j, const Ranks<N>& v) {
+    for (int s = 0; s < N; ++s) {
+      const uint64_t vi = s * seg + j;
+      if (s != rank && vi < vecs) v.v[s] = load_input<T>(p.input, vi, p.count);
+    }
+    return v;
+  };
+  const auto scatter_use = [&](uint64_t j, const Ranks<N>& v) {
 #pragma unroll
-        for (int s = 0; s < N; ++s)
-          if (s != rank && s * seg + j < vecs)
-            st_vec(static_cast<char*>(p.peer_ws[s]) + stage_off +
-                       EAR_TWOSHOT_STAGE_ROW(par, rank, s, N) * seg_bytes + j * 16,
-                   lamport_sanitize(v.v[s]));
-      });
-  // Large messages only: a barrier here keeps each CTA in step with its peers (the polls
-  // below need no check; a segment this long goes past the polled prefix). Measured on
-  // 2 x H200: 200.5 us at 64 MiB with it, 216-227 without, level at 16 MiB (56.1 against
-  // 56.5); without it 1.4 us faster at 8 MiB and 0.7 at 4 MiB (docs/PERFORMANCE.md).
-  const bool paced = p.count * sizeof(T) > kTwoShotBarrierAbove;
-  if (paced) cta_barrier<N>(p, 2 * c.seq + 1);
+    for (int s = 0; s < N; ++s)
+      if (s != rank && s * seg + j < vecs)
+        st_vec(static_cast<char*>(p.peer_ws[s]) + stage_off + EAR_TWOSHOT_STAGE_ROW(par, rank, s, N) * seg_bytes +
+                   j * 16,
+               lamport_sanitize(v.v[s]));
+  };
 
-  // 2 + 3. reduce our segment a batch at a time as the peers' pieces arrive; one batch
-  // behind, take the other segments from our gather as they arrive.
+  // 2. reduce our segment as the peers' pieces arrive; 3. one step behind, take the other
+  // segments from our gather as they arrive.
   const uint64_t own_first = static_cast<uint64_t>(rank) * seg;
   const uint64_t own_len = vecs > own_first ? (vecs - own_first < seg ? vecs - own_first : seg) : 0;
   const auto stage_at = [&](int r, uint64_t j) {
@@ -154,20 +171,81 @@ __device__ __forceinline__ void twoshot_body(const EarAllReduceParams& p) {
         st_vec(my_gather + s * seg_bytes + j * 16, make_uint4(0u, 0u, 0u, 0u));
       }
   };
-  constexpr int U = kReduceBatch<N>;
-  const uint64_t step = U * stride;
-  const auto reduce_and_gather = [&](auto stage_poll) {
+  constexpr int U = kTwoShotBatch<N>;
+  const uint64_t step = U * stride;  // one batch of every thread
+  const auto scatter_batch = [&](uint64_t i0) {
+    if (i0 < seg) batch_step<U>(i0, stride, seg, scatter_load, Arrived{}, scatter_use);
+  };
+  const auto gather_batch = [&](uint64_t i0) {
+    if (i0 < seg) batch_step<U>(i0, stride, seg, gather_load, gather_poll, gather_use);
+  };
+
+  if (!paced) {
+    // Small messages: no flags at all, every wait is a poll on data.
+    for (uint64_t i0 = first; i0 < seg; i0 += step) scatter_batch(i0);
     for (uint64_t i0 = first; i0 < seg + step; i0 += step) {
-      if (i0 < own_len) batch_step_each<U>(i0, stride, own_len, reduce_load, stage_poll, reduce_use);
-      if (i0 >= first + step) batch_step<U>(i0 - step, stride, seg, gather_load, gather_poll, gather_use);
+      if (i0 < own_len) batch_step_each<U>(i0, stride, own_len, reduce_load, reduce_poll, reduce_use);
+      if (i0 >= first + step) gather_batch(i0 - step);
+    }
+    finish_call();
+    return;
+  }
+
+  // Large messages: a pipeline of chunks (chunk k = batches [k*cb, (k+1)*cb) of every
+  // mover), each with its own flag, flag_value(seq, k). The movers scatter chunk k+1 before
+  // they wait for chunk k, so the link stays busy while chunk k's flags make their round
+  // trip; warp 0 publishes chunk k's flag once the movers have issued its scatter and
+  // waits for the peers'. After a flag the stage chunk is complete: the reduce is compiled
+  // without the arrival check. Flags pace the CTAs as much as they order the data: with
+  // polls only, 64 MiB took 216-227 us on 2 x H200; with one barrier after the whole
+  // scatter 200.5; pipelined 191.8 (docs/PERFORMANCE.md).
+  // Barrier ids alternate by chunk parity; an id is reused for chunk k+2 only after its
+  // chunk-k instance completed: movers arrive at kScattered(k+2) after kReady(k), which
+  // warp 0 arrives at after kScattered(k); warp 0 arrives at kReady(k+2) after
+  // kScattered(k+2), which movers reach after kReady(k).
+  const uint64_t cta_first = static_cast<uint64_t>(blockIdx.x) * movers;
+  const uint32_t batches = seg > cta_first ? static_cast<uint32_t>((seg - cta_first + step - 1) / step) : 0u;
+  const uint32_t cb = (batches + kFlagsPerCall - 1) / kFlagsPerCall;
+  const uint32_t chunks = cb == 0 ? 0u : (batches + cb - 1) / cb;  // <= kFlagsPerCall
+  // Literal barrier ids (a computed id makes ptxas reserve all 16).
+  const auto sync_or_arrive = [](bool sync, uint32_t base, uint32_t k) {
+    if (k & 1u) {
+      if (sync) bar_sync(base + 1, kThreads); else bar_arrive(base + 1, kThreads);
+    } else {
+      if (sync) bar_sync(base, kThreads); else bar_arrive(base, kThreads);
     }
   };
-  // After the barrier the stage is complete: the reduce is compiled without the arrival
-  // check (an instantiation of its own; skipping the check at run time measured as slow as
-  // keeping it: 206 us at 64 MiB on 2 x H200, against 200.5-201.5).
-  if (paced) reduce_and_gather(Arrived{});
-  else reduce_and_gather(reduce_poll);
-
+  if (threadIdx.x < 32) {
+    for (uint32_t k = 0; k < chunks; ++k) {
+      sync_or_arrive(true, kScattered, k);
+      flag_exchange<N>(p, flag_value(c.seq, k), static_cast<int>(threadIdx.x));
+      __syncwarp();
+      sync_or_arrive(false, kReady, k);
+    }
+  } else if (chunks > 0) {
+    const uint32_t total = chunks * cb;  // batches, empty ones (past seg) included
+    const auto at = [&](uint32_t b) { return first + static_cast<uint64_t>(b) * step; };
+    // Step j: scatter chunk j; reduce chunk j-1 once its flags are in, each reduced batch
+    // followed by the gather of the batch kGatherLag before it (the last step only
+    // gathers). Each phase is written once: fewer registers than a prologue and epilogue.
+    for (uint32_t j = 0; j < chunks + 2; ++j) {
+      if (j < chunks) {
+#pragma unroll 1
+        for (uint32_t b = j * cb; b < (j + 1) * cb; ++b) scatter_batch(at(b));
+        sync_or_arrive(false, kScattered, j);
+      }
+      if (j == 0) continue;
+      const bool reducing = j <= chunks;
+      if (reducing) sync_or_arrive(true, kReady, j - 1);
+      const uint32_t end = reducing ? j * cb : total + kGatherLag;
+#pragma unroll 1
+      for (uint32_t b = (j - 1) * cb; b < end; ++b) {
+        const uint64_t i0 = at(b);
+        if (reducing && i0 < own_len) batch_step_each<U>(i0, stride, own_len, reduce_load, Arrived{}, reduce_use);
+        if (b >= kGatherLag) gather_batch(at(b - kGatherLag));
+      }
+    }
+  }
   finish_call();
 }
 

@@ -108,8 +108,8 @@ pub fn fused_fits(family: Family, tokens: u64, hidden: u32, elem: usize, max_msg
 pub enum Family {
     /// Every rank stages its input, one barrier, every rank reads all peers and reduces.
     OneShot,
-    /// Polled (Lamport) reduce-scatter, then a polled all-gather (one pacing barrier between
-    /// them above 8 MiB): 2(N-1)/N of the data over the links.
+    /// Polled (Lamport) reduce-scatter, then a polled all-gather (above 8 MiB paced by
+    /// per-chunk flags, pipelined): 2(N-1)/N of the data over the links.
     TwoShot,
     /// Push one-shot whose payload is its own arrival flag: no barrier (small messages).
     Lamport,

@@ -403,9 +403,9 @@ struct Record {
 /// Names the record layout AND the kernels' cross-rank protocol: change it whenever either
 /// changes, so ranks running different builds do not form a group (each rejects the other's
 /// records, so all fall back to NCCL together instead of waiting on each other in kernels
-/// that no longer match). "EAR3": the two-shot's reduce-scatter is polled, into a stage of
-/// two parities (a barrier only above 8 MiB).
-const RECORD_MAGIC: u32 = 0x4541_5233; // "EAR3"
+/// that no longer match). "EAR4": flag values flag_value(seq, i) = 64*seq + i + 1 (the
+/// two-shot above 8 MiB publishes one flag per chunk).
+const RECORD_MAGIC: u32 = 0x4541_5234; // "EAR4"
 const RECORD_BYTES: usize = 104;
 
 impl Record {

@@ -20,7 +20,7 @@ if [ -x .carry/sim_ranks ] && [ "${SKIP_SIM:-0}" != 1 ]; then
   timeout "${SIM_LIMIT:-300}" .carry/sim_ranks --timeout 20 ${SIM_ARGS:-} >"$OUT/sim_full.log" 2>&1
   echo "rc=$?"; grep -E "FAIL|HANG|passed" "$OUT/sim_full.log" | head -20; grep -iE "median|us " "$OUT/sim_full.log" | tail -30
   san=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -n1)
-  for tool in ${SAN_TOOLS:-memcheck racecheck}; do
+  for tool in ${SAN_TOOLS:-memcheck synccheck racecheck}; do
     echo "== compute-sanitizer --tool $tool (quick, one launch)"
     timeout 150 "$san" --tool "$tool" --error-exitcode 9 .carry/sim_ranks --quick --one-launch --no-timing --timeout 120 \
       >"$OUT/san_$tool.log" 2>&1

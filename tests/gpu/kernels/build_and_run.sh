@@ -3,7 +3,7 @@
 # kernels), or with SIM_NAME=sim_fused (build_and_run_fused.sh) the fused all-reduce +
 # residual + RMSNorm kernels.
 #   tests/gpu/kernels/build_and_run.sh [options]    e.g. --quick, --one-launch, --no-timing
-#   tests/gpu/kernels/build_and_run.sh sanitize     memcheck + racecheck on --quick --one-launch
+#   tests/gpu/kernels/build_and_run.sh sanitize     memcheck, synccheck, racecheck on --quick --one-launch
 # nvcc comes from $CUDA_HOME/bin, else PATH. SIM_ARCH overrides the target (default sm_90),
 # SIM_OUT the output folder; SIM_BUILD_ONLY=1 builds without running.
 set -euo pipefail
@@ -30,7 +30,7 @@ if [ "${1:-}" = sanitize ]; then
   rc=0
   # One launch for all ranks: the sanitizer may serialize concurrent kernels, which would
   # deadlock ranks that spin on each other from separate streams.
-  for tool in memcheck racecheck; do
+  for tool in memcheck synccheck racecheck; do
     echo "== compute-sanitizer --tool $tool"
     "$san" --tool "$tool" --error-exitcode 9 "$out/$name" --quick --one-launch --timeout 300 "$@" || rc=$?
   done

@@ -457,7 +457,7 @@ int main(int argc, char** argv) {
       quick ? std::vector<uint64_t>{1, 7, 4097, 65539}
             : std::vector<uint64_t>{1, 7, 8, 1000, 4097, 8192, 65539, 262144, (1u << 20) + 3,
                                     4u << 20, 16u << 20};
-  const uint64_t ws_max = quick ? (1u << 20) : (64u << 20);
+  const uint64_t ws_max = quick ? (16u << 20) : (64u << 20);  // quick: still a paced two-shot
   const int graph_replays = quick ? 200 : 1000;
   uint64_t rng = 12345;
 
@@ -480,6 +480,13 @@ int main(int argc, char** argv) {
             if (rng % 3 == 0) grid = 1 + static_cast<int>((rng >> 8) % s.grid_cap());
             run_case(s, fam, dt, count, inplace != 0, grid, (idx++ & 1) != 0, rng);
           }
+    // Paced two-shot (above 8 MiB) on grids small enough that a CTA has more than 64 batches
+    // (several per chunk, a short last chunk), and at the workspace limit.
+    for (int grid : {1, 3})
+      for (uint64_t bytes : {uint64_t(8u << 20) + 48, ws_max}) {
+        rng = mix64(rng);
+        run_case(s, TWOSHOT, BF16, bytes / kElemSize[BF16], grid == 3, grid, true, rng);
+      }
     for (int dt = 0; dt < 3; ++dt) {
       if (quick && dt != BF16) continue;
       graph_test(s, dt, graph_replays);
