@@ -31,10 +31,10 @@
 //               gather_canonical(value) to our output, zero the slot.
 //   Paced (count * sizeof(T) > kTwoShotPacedAbove): the movers' batches are grouped in
 //   chunks (at most kFlagsPerCall per CTA), and the phases pipelined: step k scatters chunk
-//   k, then waits for chunk k-1's flags and reduces it (each reduced batch followed by the
+//   k, then waits for chunk k-2's flags and reduces it (each reduced batch followed by the
 //   gather of the one before). Warp 0 publishes flag_value(seq, k) to every peer once the
 //   movers have issued chunk k's scatter (bar.arrive / bar.sync, then flag_exchange) and
-//   waits for theirs, so a chunk's flag round trip overlaps the next chunk's scatter.
+//   waits for theirs, so a chunk's flag round trip overlaps the next chunks' scatter.
 //   (begin_call advances seq for the next call; see State in common.cuh.)
 //   In place: each output vector is written by the thread that read the matching input
 //   vector, after reading it.
@@ -57,24 +57,40 @@
 //   stage rows and gather and leaves the gather and the stage's polled prefix zeroed too.
 //
 // Cost per rank: 2*(N-1)/N*S NVLink writes, local reads and zeroing; paced: a flag round
-// trip per chunk, overlapped with the next chunk's transfer.
+// trip per chunk, overlapped with the next chunks' transfer.
 #include "common.cuh"
 
 namespace ear {
 
-// Named barriers of the paced path (ids 1-4; id 0 is __syncthreads'), by chunk parity:
-// kScattered + k % 2, the data warps have issued chunk k's scatter; kReady + k % 2, every
-// peer's chunk k has landed in our stage.
-constexpr uint32_t kScattered = 1, kReady = 3;
+// Paced path: chunks scattered ahead of the one being reduced (2 x H200, 16 / 64 MiB: depth 1
+// 53.2 / 192.0 us, 2: 52.8 / 191.6, 3: 53.0 / 192.0, 5: 53.2 / 192.7).
+constexpr uint32_t kPipelineDepth = 2;
+// Named barriers of the paced path (id 0 is __syncthreads'), kIds per kind, chunk k on
+// id + k % kIds: kScattered, the movers have issued chunk k's scatter; kReady, every peer's
+// chunk k has landed in our stage.
+constexpr uint32_t kIds = kPipelineDepth + 1;  // ids per barrier kind (see the reuse rule)
+constexpr uint32_t kScattered = 1, kReady = 1 + kIds;
+static_assert(kReady + kIds <= 16, "16 named barriers per CTA");
+
+// bar.sync (sync) or bar.arrive on id Base + r, r < kIds, all kThreads threads taking part.
+// The id is a literal in every branch: a computed id makes ptxas reserve all 16 barriers.
+template <uint32_t Base, uint32_t I = 0>
+__device__ __forceinline__ void bar_op(bool sync, uint32_t r) {
+  if constexpr (I + 1 < kIds) {
+    if (r != I) return bar_op<Base, I + 1>(sync, r);
+  }
+  if (sync) bar_sync(Base + I, kThreads);
+  else bar_arrive(Base + I, kThreads);
+}
 
 // Vectors per thread per batch (registers: 4 * N * batch). 2 at 2 ranks: on 2 x H200,
 // against 4, 4 / 16 / 64 MiB took 14.9 / 53.2 / 191.8 us instead of 15.5 / 54.4 / 194.6 (more,
-// smaller chunks); 1 was slower above 8 MiB (55.7 us at 16 MiB).
+// smaller chunks; pipeline one deep); 1 was slower above 8 MiB (55.7 us at 16 MiB).
 template <int N>
 constexpr int kTwoShotBatch = N <= 4 ? 2 : 1;
 // Paced path: the gather of a batch follows the reduce of the batch this many batches later
-// (2 x H200, 16 / 64 MiB: lag 0 53.1 / 193.2 us, 1: 53.2 / 191.8, 2: 54.3 / 192.9, 4: 56.6 /
-// 196.6).
+// (2 x H200, pipeline one deep, 16 / 64 MiB: lag 0 53.1 / 193.2 us, 1: 53.2 / 191.8, 2: 54.3 /
+// 192.9, 4: 56.6 / 196.6).
 constexpr uint32_t kGatherLag = 1;
 
 template <typename T, int N>
@@ -192,54 +208,48 @@ __device__ __forceinline__ void twoshot_body(const EarAllReduceParams& p) {
   }
 
   // Large messages: a pipeline of chunks (chunk k = batches [k*cb, (k+1)*cb) of every
-  // mover), each with its own flag, flag_value(seq, k). The movers scatter chunk k+1 before
-  // they wait for chunk k, so the link stays busy while chunk k's flags make their round
-  // trip; warp 0 publishes chunk k's flag once the movers have issued its scatter and
-  // waits for the peers'. After a flag the stage chunk is complete: the reduce is compiled
-  // without the arrival check. Flags pace the CTAs as much as they order the data: with
-  // polls only, 64 MiB took 216-227 us on 2 x H200; with one barrier after the whole
-  // scatter 200.5; pipelined 191.8 (docs/PERFORMANCE.md).
-  // Barrier ids alternate by chunk parity; an id is reused for chunk k+2 only after its
-  // chunk-k instance completed: movers arrive at kScattered(k+2) after kReady(k), which
-  // warp 0 arrives at after kScattered(k); warp 0 arrives at kReady(k+2) after
-  // kScattered(k+2), which movers reach after kReady(k).
+  // mover), each with its own flag, flag_value(seq, k). The movers scatter chunk k+D before
+  // they wait for chunk k (D = kPipelineDepth), so the link stays busy while chunk k's flags
+  // make their round trip; warp 0 publishes chunk k's flag once the movers have issued its
+  // scatter and waits for the peers'. After a flag the stage chunk is complete: the reduce
+  // is compiled without the arrival check. Flags pace the CTAs as much as they order the
+  // data: with polls only, 64 MiB took 216-227 us on 2 x H200; with one barrier after the
+  // whole scatter 200.5; pipelined 191.5-191.7 (docs/PERFORMANCE.md).
+  // A barrier id is reused for chunk k+kIds only after its chunk-k instance completed: the
+  // movers arrive at kScattered(k+D+1) in step k+D+1, after step k+D waited on kReady(k),
+  // which warp 0 arrives at after kScattered(k); warp 0 arrives at kReady(k+D+1) after
+  // kScattered(k+D+1), which the movers reach after kReady(k).
   const uint64_t cta_first = static_cast<uint64_t>(blockIdx.x) * movers;
   const uint32_t batches = seg > cta_first ? static_cast<uint32_t>((seg - cta_first + step - 1) / step) : 0u;
   const uint32_t cb = (batches + kFlagsPerCall - 1) / kFlagsPerCall;
   const uint32_t chunks = cb == 0 ? 0u : (batches + cb - 1) / cb;  // <= kFlagsPerCall
-  // Literal barrier ids (a computed id makes ptxas reserve all 16).
-  const auto sync_or_arrive = [](bool sync, uint32_t base, uint32_t k) {
-    if (k & 1u) {
-      if (sync) bar_sync(base + 1, kThreads); else bar_arrive(base + 1, kThreads);
-    } else {
-      if (sync) bar_sync(base, kThreads); else bar_arrive(base, kThreads);
-    }
-  };
   if (threadIdx.x < 32) {
     for (uint32_t k = 0; k < chunks; ++k) {
-      sync_or_arrive(true, kScattered, k);
+      bar_op<kScattered>(true, k % kIds);
       flag_exchange<N>(p, flag_value(c.seq, k), static_cast<int>(threadIdx.x));
       __syncwarp();
-      sync_or_arrive(false, kReady, k);
+      bar_op<kReady>(false, k % kIds);
     }
   } else if (chunks > 0) {
     const uint32_t total = chunks * cb;  // batches, empty ones (past seg) included
     const auto at = [&](uint32_t b) { return first + static_cast<uint64_t>(b) * step; };
-    // Step j: scatter chunk j; reduce chunk j-1 once its flags are in, each reduced batch
+    // Step j: scatter chunk j; reduce chunk j-D once its flags are in, each reduced batch
     // followed by the gather of the batch kGatherLag before it (the last step only
     // gathers). Each phase is written once: fewer registers than a prologue and epilogue.
-    for (uint32_t j = 0; j < chunks + 2; ++j) {
+    constexpr uint32_t D = kPipelineDepth;
+    for (uint32_t j = 0; j < chunks + D + 1; ++j) {
       if (j < chunks) {
 #pragma unroll 1
         for (uint32_t b = j * cb; b < (j + 1) * cb; ++b) scatter_batch(at(b));
-        sync_or_arrive(false, kScattered, j);
+        bar_op<kScattered>(false, j % kIds);
       }
-      if (j == 0) continue;
-      const bool reducing = j <= chunks;
-      if (reducing) sync_or_arrive(true, kReady, j - 1);
-      const uint32_t end = reducing ? j * cb : total + kGatherLag;
+      if (j < D) continue;
+      const uint32_t k = j - D;  // the chunk to reduce
+      const bool reducing = k < chunks;
+      if (reducing) bar_op<kReady>(true, k % kIds);
+      const uint32_t end = reducing ? (k + 1) * cb : total + kGatherLag;
 #pragma unroll 1
-      for (uint32_t b = (j - 1) * cb; b < end; ++b) {
+      for (uint32_t b = k * cb; b < end; ++b) {
         const uint64_t i0 = at(b);
         if (reducing && i0 < own_len) batch_step_each<U>(i0, stride, own_len, reduce_load, Arrived{}, reduce_use);
         if (b >= kGatherLag) gather_batch(at(b - kGatherLag));
