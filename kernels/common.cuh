@@ -450,8 +450,9 @@ __device__ __forceinline__ void lamport_clear(char* lam, uint64_t buf, int rank,
 
 // One polling step: reloads (ld.volatile) each peer vector (rank r's at at(r), or at
 // `at + r * row_bytes`) that has not arrived yet (a zero word); true if all had arrived.
-// v.v[rank] is our own value, left alone. Callers waiting on several vectors step all of them in one loop, so their reloads
-// are in flight together (one memory latency per round, not one per vector).
+// v.v[rank] is our own value, left alone. Callers waiting on several vectors step all of
+// them in one loop, so their reloads are in flight together (one memory latency per round,
+// not one per vector).
 template <int N, typename At>
 __device__ __forceinline__ bool lamport_poll_at(Ranks<N>& v, int rank, At at) {
   bool arrived = true;

@@ -88,8 +88,8 @@ __device__ __forceinline__ void bar_op(bool sync, uint32_t r) {
 // smaller chunks; pipeline one deep); 1 was slower above 8 MiB (55.7 us at 16 MiB).
 template <int N>
 constexpr int kTwoShotBatch = N <= 4 ? 2 : 1;
-// Paced path: the gather of a batch follows the reduce of the batch this many batches later
-// (2 x H200, pipeline one deep, 16 / 64 MiB: lag 0 53.1 / 193.2 us, 1: 53.2 / 191.8, 2: 54.3 /
+// The gather of a batch follows the reduce of the batch this many batches later (paced path
+// on 2 x H200, pipeline one deep, 16 / 64 MiB: lag 0 53.1 / 193.2 us, 1: 53.2 / 191.8, 2: 54.3 /
 // 192.9, 4: 56.6 / 196.6).
 constexpr uint32_t kGatherLag = 1;
 
@@ -198,10 +198,11 @@ __device__ __forceinline__ void twoshot_body(const EarAllReduceParams& p) {
 
   if (!paced) {
     // Small messages: no flags at all, every wait is a poll on data.
+    const uint64_t lag = kGatherLag * step;
     for (uint64_t i0 = first; i0 < seg; i0 += step) scatter_batch(i0);
-    for (uint64_t i0 = first; i0 < seg + step; i0 += step) {
+    for (uint64_t i0 = first; i0 < seg + lag; i0 += step) {
       if (i0 < own_len) batch_step_each<U>(i0, stride, own_len, reduce_load, reduce_poll, reduce_use);
-      if (i0 >= first + step) gather_batch(i0 - step);
+      if (i0 >= first + lag) gather_batch(i0 - lag);
     }
     finish_call();
     return;
