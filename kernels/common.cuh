@@ -83,6 +83,11 @@ __device__ __forceinline__ void st_release_sys(uint64_t* p, uint64_t v) {
   asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 
+__device__ __forceinline__ uint64_t ld_relaxed_sys(const uint64_t* p) {
+  uint64_t v;
+  asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
 __device__ __forceinline__ uint64_t ld_acquire_sys(const uint64_t* p) {
   uint64_t v;
   asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
@@ -307,8 +312,13 @@ __device__ __forceinline__ void flag_exchange(const EarAllReduceParams& p, uint6
   if (q < N && q != p.rank) {
     st_release_sys(signal_slot(peer_base<N>(p, q), blockIdx.x, p.rank), value);
     const uint64_t* mine = signal_slot(peer_base<N>(p, p.rank), blockIdx.x, q);
-    while (ld_acquire_sys(mine) < value) {
+    // Spin relaxed, then acquire once: an ld.acquire invalidates the SM's L1 (CCTL.IVALL)
+    // at every poll, under the feet of the CTA's other warps. The acquire load reads the
+    // value the relaxed one saw or a later one of the same writer (coherence), so it
+    // synchronizes with the peer's release all the same.
+    while (ld_relaxed_sys(mine) < value) {
     }
+    (void)ld_acquire_sys(mine);
   }
 }
 
@@ -380,6 +390,14 @@ __device__ __forceinline__ CallCounters next_lamport_call(CallCounters c, uint64
 // End of a call: let the dependent launch start (its griddepcontrol.wait still waits for
 // this grid to complete and flush). No fence: see State.
 __device__ __forceinline__ void finish_call() { pdl_trigger(); }
+
+// The same trigger, earlier: once this CTA waits on no peer any more (what is left is local
+// work, or loads of data known to have arrived). It is as safe as finish_call's: when every
+// CTA has triggered, every peer CTA they waited on has started, and the dependent's CTAs,
+// which wait for this grid only, take free SMs from a grid that no longer needs any. The
+// dependent's launch then overlaps this call's epilogue (fused kernels, docs/KERNELS.md).
+// All threads of the CTA call it; finish_call's trigger is then a no-op.
+__device__ __forceinline__ void peers_done() { pdl_trigger(); }
 
 // One 16-byte vector from each of N ranks (a batch element of batched_for).
 template <int N>
@@ -629,11 +647,15 @@ __device__ __forceinline__ void store_row_chunk(void* base, uint64_t row, uint32
 // value in every thread. Fixed order for a given blockDim: xor butterfly inside each warp
 // (a + b == b + a, so every lane ends with the same bits), then warp 0..W-1 in order from
 // +0.0f. Same blockDim and inputs -> same bits on every rank. Safe to call repeatedly.
+// The CTA barrier comes first (it also keeps the previous call's readers off part[]): warps
+// that shuffle while others of the CTA still poll or load were slow. On 2 x H200 the fused
+// Lamport took 3.93 / 6.67 / 10.9 us at 1 x 4096 / 32 x 8192 / 128 x 8192 with the shuffles
+// first, 3.54 / 5.96 / 10.2 with a barrier before them (docs/PERFORMANCE.md).
 __device__ __forceinline__ float block_sum(float v) {
   __shared__ float part[EAR_FUSED_MAX_THREADS / 32];
+  __syncthreads();
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  __syncthreads();  // the previous call's readers are done with part[]
   if ((threadIdx.x & 31u) == 0) part[threadIdx.x >> 5] = v;
   __syncthreads();
   float t = 0.0f;

@@ -195,10 +195,13 @@ __device__ __forceinline__ uint4 apply_norm(const uint4& r, const uint4& g, floa
 // finish(k, fetched): store residual_out chunk k and return it (T bits, +0 past hidden).
 // The first KC chunks of the thread are all fetched (with their gamma) and polled together
 // before the first finish: one memory latency per row instead of one per chunk.
+// last_wait: this row's polls are the CTA's last wait on a peer (peers_done once the whole
+// CTA is past them, i.e. after block_sum's barrier).
 template <typename T, int KC = kCache, bool PrefetchGamma = true, typename Fetch, typename Poll,
           typename Finish>
 __device__ __forceinline__ void rmsnorm_row(const EarFusedParams& p, uint64_t row, uint32_t hv,
-                                            bool vec_ok, Fetch&& fetch, Poll&& poll, Finish&& finish) {
+                                            bool vec_ok, bool last_wait, Fetch&& fetch, Poll&& poll,
+                                            Finish&& finish) {
   using In = decltype(fetch(0u));
   In in[KC];
   uint4 gamma[KC];
@@ -234,6 +237,7 @@ __device__ __forceinline__ void rmsnorm_row(const EarFusedParams& p, uint64_t ro
     ss = add_squares<T>(ss, finish(k, one));
   }
   const float total = block_sum(ss);
+  if (last_wait) peers_done();
   const float s = __frcp_rn(__fsqrt_rn(__fadd_rn(__fdiv_rn(total, static_cast<float>(p.hidden)), p.eps)));
 #pragma unroll
   for (int j = 0; j < KC; ++j) {
@@ -267,11 +271,12 @@ __device__ __forceinline__ void oneshot_norm_body(const EarFusedParams& p) {
       [&](uint64_t row, uint32_t k, const uint4& v) { st_vec(own_bank + (row * hv + k) * 16, v); });
 
   cta_barrier<N>(p.ar, flag_value(c.seq, 0));
+  peers_done();  // every bank is complete: the rest only reads
 
   // 3. per row: pull from every bank, sum in rank order, + bias + residual, norm.
   for (uint64_t row = blockIdx.x; row < p.tokens; row += gridDim.x) {
     rmsnorm_row<T, kRanksCache<N>, kPrefetchExtras<N>>(
-        p, row, hv, vec_ok,
+        p, row, hv, vec_ok, false,
         [&](uint32_t k) {
           const uint64_t at = bank_off + (row * hv + k) * 16;
           RowIn<N> in;
@@ -357,11 +362,12 @@ __device__ __forceinline__ void twoshot_norm_body(const EarFusedParams& p) {
       });
 
   cta_barrier<N>(p.ar, flag_value(c.seq, 1));
+  peers_done();  // the gather is complete: the rest is local
 
   // 5. full rows from our gather segments and our own slice, then the norm, locally.
   for (uint64_t row = blockIdx.x; row < p.tokens; row += gridDim.x) {
     rmsnorm_row<T>(
-        p, row, hv, vec_ok,
+        p, row, hv, vec_ok, false,
         [&](uint32_t k) {
           const uint32_t s = k / cs;
           if (s == static_cast<uint32_t>(rank))  // written in phase 3 by this CTA (bar.sync since)
@@ -419,8 +425,13 @@ __device__ __forceinline__ void lamport_norm_body(const EarFusedParams& p) {
   if (in_place) {
     for_cta_rows<kPushBatch<N>>(p, hv, load, push);
   } else {
-    batched_for<1>(first, stride, vecs, load_flat,
-                   [&](uint64_t i, const uint4& v) { push(i / hv, static_cast<uint32_t>(i % hv), v); });
+    // Flat vector i is (row i / hv, chunk i % hv) and lands at 16 i; with rows a multiple of
+    // 16 bytes (vec_ok) it is also vector i of x: no 64-bit division (0.1 us at 1 x 4096).
+    const auto load_at = [&](uint64_t i) {
+      return vec_ok ? lamport_sanitize(load_input<T>(p.ar.input, i, p.ar.count)) : load_flat(i);
+    };
+    batched_for<1>(first, stride, vecs, load_at,
+                   [&](uint64_t i, const uint4& v) { lamport_push<N>(p.ar, push_off + i * 16, v); });
   }
 
   char* const lam = data_region(peer_base<N>(p.ar, rank)) + EAR_OFF_LAMPORT(m, N);
@@ -432,7 +443,7 @@ __device__ __forceinline__ void lamport_norm_body(const EarFusedParams& p) {
   const char* const cur_rows = lam + cur * N * row_bytes;
   for (uint64_t row = blockIdx.x; row < p.tokens; row += gridDim.x) {
     rmsnorm_row<T, kRanksCache<N>, kPrefetchExtras<N>>(
-        p, row, hv, vec_ok,
+        p, row, hv, vec_ok, row + gridDim.x >= p.tokens,
         [&](uint32_t k) {
           const char* const at = cur_rows + (row * hv + k) * 16;
           RowIn<N> in;
@@ -456,11 +467,12 @@ template <typename T>
 __device__ __forceinline__ void residual_rmsnorm_body(const EarFusedParams& p) {
   check_fused<T, 0>(p, 0, 0);
   pdl_wait();
+  peers_done();  // no peers: the dependent's launch overlaps the whole kernel
   const uint32_t hv = row_vecs<T>(p.hidden);
   const bool vec_ok = (p.hidden * sizeof(T)) % EAR_VEC_BYTES == 0;
   for (uint64_t row = blockIdx.x; row < p.tokens; row += gridDim.x) {
     rmsnorm_row<T>(
-        p, row, hv, vec_ok,
+        p, row, hv, vec_ok, false,
         [&](uint32_t k) {
           RowIn<1> in;
           in.x.v[0] = load_row_chunk<T>(p.ar.input, row, p.hidden, k, vec_ok);
@@ -469,7 +481,6 @@ __device__ __forceinline__ void residual_rmsnorm_body(const EarFusedParams& p) {
         },
         Arrived{}, [&](uint32_t k, const RowIn<1>& in) { return sum_add_residual<T, 1>(p, in, row, k, vec_ok); });
   }
-  pdl_trigger();
 }
 
 }  // namespace ear
