@@ -306,7 +306,8 @@ __device__ __forceinline__ uint64_t flag_value(uint64_t seq, uint32_t i) {
 // Lane q < N, q != rank, of the calling threads: publishes `value` into rank q's
 // slot[blockIdx.x][rank] (st.release.sys: every write this thread has observed, e.g. the
 // CTA's through a bar.sync, is ordered before it) and spins on our slot[blockIdx.x][q]
-// (ld.acquire.sys) until it holds a value >= `value`. Other lanes return at once.
+// until it holds a value >= `value` (ld.relaxed.sys, then one ld.acquire.sys). Other lanes
+// return at once.
 template <int N>
 __device__ __forceinline__ void flag_exchange(const EarAllReduceParams& p, uint64_t value, int q) {
   if (q < N && q != p.rank) {
