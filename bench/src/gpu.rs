@@ -105,6 +105,53 @@ pub fn memset_async(ptr: u64, value: u8, bytes: usize, stream: &CudaStream) -> R
     check("cuMemsetD8Async", unsafe { sys::cuMemsetD8Async(ptr, value, bytes, stream.cu_stream()) })
 }
 
+/// An empty kernel (one warp that returns), JIT-compiled by the driver from PTX: the floor of
+/// the simulation as the peer figures define it ("empty fork/join of N kernels").
+pub struct EmptyKernel {
+    module: sys::CUmodule,
+    func: sys::CUfunction,
+    ctx: Arc<CudaContext>,
+}
+// SAFETY: module and function handles are context-wide, usable from any thread with the
+// context current; they are only unloaded on drop.
+unsafe impl Send for EmptyKernel {}
+unsafe impl Sync for EmptyKernel {}
+
+const EMPTY_PTX: &str = ".version 7.0\n.target sm_70\n.address_size 64\n.visible .entry edgellm_bench_empty()\n{\n\tret;\n}\n\0";
+
+impl EmptyKernel {
+    pub fn new(ctx: &Arc<CudaContext>) -> Res<EmptyKernel> {
+        ctx.bind_to_thread().ctx("binding the context")?;
+        let mut module = std::ptr::null_mut();
+        // SAFETY: NUL-terminated PTX text; valid out-pointer.
+        check("cuModuleLoadData (empty kernel)", unsafe { sys::cuModuleLoadData(&mut module, EMPTY_PTX.as_ptr().cast()) })?;
+        let mut func = std::ptr::null_mut();
+        // SAFETY: the module was just loaded; the name is NUL-terminated.
+        let got = check("cuModuleGetFunction", unsafe { sys::cuModuleGetFunction(&mut func, module, c"edgellm_bench_empty".as_ptr()) });
+        let kernel = EmptyKernel { module, func, ctx: ctx.clone() };
+        got.map(|_| kernel)
+    }
+
+    pub fn launch(&self, stream: &CudaStream) -> Res<()> {
+        // SAFETY: a kernel without parameters, one block of 32 threads, no shared memory.
+        check("cuLaunchKernel (empty kernel)", unsafe {
+            sys::cuLaunchKernel(self.func, 1, 1, 1, 32, 1, 1, 0, stream.cu_stream(), std::ptr::null_mut(), std::ptr::null_mut())
+        })
+    }
+}
+
+impl Drop for EmptyKernel {
+    fn drop(&mut self) {
+        if self.ctx.bind_to_thread().is_ok() {
+            // SAFETY: loaded by cuModuleLoadData in this context; the owner has synchronized.
+            unsafe {
+                sys::cuCtxSynchronize();
+                sys::cuModuleUnload(self.module);
+            }
+        }
+    }
+}
+
 /// Captures what `enqueue` puts on `stream` into an instantiated, uploaded graph.
 pub fn capture(stream: &Arc<CudaStream>, enqueue: impl FnOnce() -> Res<()>) -> Res<CudaGraph> {
     // Relaxed: the capture must not fail because another thread (another rank, NCCL's proxy)

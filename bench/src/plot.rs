@@ -137,7 +137,7 @@ fn panel(area: &DrawingArea<BitMapBackend, plotters::coord::Shift>, group: &[&Re
         let grey = RGBColor(150, 150, 150);
         chart
             .draw_series(LineSeries::new(vec![(x0, f), (x1, f)], grey.stroke_width(1)))?
-            .label("floor (fork/join, no kernel)")
+            .label("floor (fork/join, empty kernels)")
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 22, y)], grey.stroke_width(1)));
     }
     if text {

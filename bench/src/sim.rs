@@ -2,8 +2,9 @@
 //! stream; one all-reduce = the N rank streams forked from and joined back to one origin
 //! stream (events), captured as ONE graph. The ranks share one GPU's memory and SMs (no
 //! NVLink): this measures the kernels' protocol costs and memory efficiency, not a real
-//! interconnect. `floor` is the same fork/join graph with a 1-byte memset per rank stream in
-//! place of the kernels: the cost of the method itself. `copy` is the roofline: a large
+//! interconnect. `floor` is the same fork/join graph with an empty kernel per rank stream in
+//! place of the kernels (a 1-byte memset where the driver cannot JIT the empty kernel's PTX):
+//! the cost of the method itself. `copy` is the roofline: a large
 //! device-to-device copy, counting bytes read plus written. The fused sweep (all-reduce +
 //! residual + RMSNorm) uses the same groups, streams and fork/join: one fused op per graph.
 
@@ -303,6 +304,7 @@ pub fn run(plan_: &Plan, sink: &Mutex<Sink>) -> Result<(), Fatal> {
         sink.lock().unwrap().say(format!("warning: no start gate ({e}): batches run ungated, small sizes may be bound by the host's launch rate"));
     }
     let gated = gate.as_ref().ok().map(|(g, d)| Gated { gate: g, device_ptr: *d });
+    let empty = gpu::EmptyKernel::new(&ctx);
     sink.lock().unwrap().message("copy roofline".into());
     let (copy_bytes, copy_t, roof) = roofline(&ctx, &origin, &timer, s, gated).map_err(fatal)?;
     sink.lock().unwrap().say(format!("{device}: copy roofline {roof:.0} GB/s (read + write of {})", fmt_bytes(copy_bytes)));
@@ -325,16 +327,26 @@ pub fn run(plan_: &Plan, sink: &Mutex<Sink>) -> Result<(), Fatal> {
             }
         };
         let sub = format!("{device}, {n} ranks × grid ≤ {} CTAs, workspace {}", sim.group.max_blocks, fmt_bytes(ws));
-        // The floor of the method: fork, a 1-byte memset per rank stream, join.
+        // The floor of the method: fork, an empty kernel (else a 1-byte memset) per rank stream, join.
         sink.lock().unwrap().message(format!("sim {n} ranks: floor"));
         let floor = (|| {
-            let graph = capture(&origin, || (0..s.graph_ops).try_for_each(|_| sim.fork_join(|rank, st| memset_async(sim.outputs[rank].ptr, 0, 1, st))))?;
+            let graph = capture(&origin, || {
+                (0..s.graph_ops).try_for_each(|_| {
+                    sim.fork_join(|rank, st| match &empty {
+                        Ok(k) => k.launch(st),
+                        Err(_) => memset_async(sim.outputs[rank].ptr, 0, 1, st),
+                    })
+                })
+            })?;
             time_alone(&origin, &timer, s, s.graph_ops, gated, &|| graph.launch().ctx("cuGraphLaunch"))
         })();
         for dtype in &plan_.dtypes {
             let mut sink = sink.lock().unwrap();
             let mut f = Record::new("sim", n, dtype_name(*dtype), 0, FLOOR, &sub);
-            f.path = "fork/join + 1-byte memset per rank".into();
+            f.path = match &empty {
+                Ok(_) => "fork/join + empty kernel per rank".into(),
+                Err(e) => format!("fork/join + 1-byte memset per rank (no empty kernel: {e})"),
+            };
             match &floor {
                 Ok(t) => {
                     f.status = Status::Ok;
