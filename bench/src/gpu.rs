@@ -87,15 +87,22 @@ impl DevBuf {
     }
 }
 
+/// Frees a device resource of `ctx` once the context's work is done: makes it current,
+/// synchronizes, then runs `free` (nothing when the context cannot be made current).
+fn release(ctx: &CudaContext, free: impl FnOnce()) {
+    if ctx.bind_to_thread().is_ok() {
+        // SAFETY: no arguments; the context is current.
+        unsafe { sys::cuCtxSynchronize() };
+        free();
+    }
+}
+
 impl Drop for DevBuf {
     fn drop(&mut self) {
-        if self.ctx.bind_to_thread().is_ok() {
-            // SAFETY: allocated by cuMemAlloc in this context; the owner has synchronized.
-            unsafe {
-                sys::cuCtxSynchronize();
-                sys::cuMemFree_v2(self.ptr);
-            }
-        }
+        // SAFETY: allocated by cuMemAlloc in this context, which release has synchronized.
+        release(&self.ctx, || unsafe {
+            sys::cuMemFree_v2(self.ptr);
+        });
     }
 }
 
@@ -142,13 +149,10 @@ impl EmptyKernel {
 
 impl Drop for EmptyKernel {
     fn drop(&mut self) {
-        if self.ctx.bind_to_thread().is_ok() {
-            // SAFETY: loaded by cuModuleLoadData in this context; the owner has synchronized.
-            unsafe {
-                sys::cuCtxSynchronize();
-                sys::cuModuleUnload(self.module);
-            }
-        }
+        // SAFETY: loaded by cuModuleLoadData in this context, which release has synchronized.
+        release(&self.ctx, || unsafe {
+            sys::cuModuleUnload(self.module);
+        });
     }
 }
 
