@@ -21,8 +21,9 @@
 //   1. scatter  for every s != rank: push lamport_sanitize(our input vector s*seg+j) into
 //               our row of rank s's stage at j (NVLink writes).
 //   2. reduce   batch by batch: poll our stage rows at j for our segment until no word is
-//               zero (paced: wait for the chunk's flags instead, no check), zero them if j is
-//               in the polled prefix, sum in rank order our own input and the rows; write
+//               zero (paced: the same for the chunks wholly in the polled prefix; past it,
+//               wait for the chunk's flags instead, no check), zero them if j is in the
+//               polled prefix, sum in rank order our own input and the rows; write
 //               gather_canonical(sum) to our output and push it (sanitized) into gather
 //               segment `rank` of every peer. (The sanitize rewrite of the scattered input
 //               is exact: a -0 summand leaves an accumulator that starts at +0.0f unchanged.)
@@ -31,10 +32,11 @@
 //               gather_canonical(value) to our output, zero the slot.
 //   Paced (count * sizeof(T) > kTwoShotPacedAbove): the movers' batches are grouped in
 //   chunks (at most kFlagsPerCall per CTA), and the phases pipelined: step k scatters chunk
-//   k, then waits for chunk k-2's flags and reduces it (each reduced batch followed by the
-//   gather of the one before). Warp 0 publishes flag_value(seq, k) to every peer once the
-//   movers have issued chunk k's scatter (bar.arrive / bar.sync, then flag_exchange) and
-//   waits for theirs, so a chunk's flag round trip overlaps the next chunks' scatter.
+//   k, then waits for chunk k-2 (polls it if it lies in the polled prefix, else waits for its
+//   flags) and reduces it (each reduced batch followed by the gather of the one before).
+//   Warp 0 publishes flag_value(seq, k) to every peer once the movers have issued chunk k's
+//   scatter (bar.arrive / bar.sync, then flag_exchange) and waits for theirs, so a chunk's
+//   flag round trip overlaps the next chunks' scatter.
 //   (begin_call advances seq for the next call; see State in common.cuh.)
 //   In place: each output vector is written by the thread that read the matching input
 //   vector, after reading it.
@@ -224,8 +226,17 @@ __device__ __forceinline__ void twoshot_body(const EarAllReduceParams& p) {
   const uint32_t batches = seg > cta_first ? static_cast<uint32_t>((seg - cta_first + step - 1) / step) : 0u;
   const uint32_t cb = (batches + kFlagsPerCall - 1) / kFlagsPerCall;
   const uint32_t chunks = cb == 0 ? 0u : (batches + cb - 1) / cb;  // <= kFlagsPerCall
+  // Chunks k < polled lie wholly in the stage's polled prefix (their vectors j < (k+1) *
+  // chunk_vecs <= twoshot_polled_seg): they are polled like a small call's stage, with no
+  // flag. A flag's st.release waits until the SM's whole queue of NVLink stores has drained,
+  // the next chunks' included (7-10 us, measured), so fewer flags stall the movers less
+  // (2 x H200, 12 / 16 / 24 MiB: 40.8 / 52.8 / 75.8 us with a flag per chunk, 40.5 / 52.4 /
+  // 75.6 with the prefix polled; a 12 or 16 MiB prefix was slower: 41.3-44.2 at 12 MiB).
+  const uint64_t chunk_vecs = static_cast<uint64_t>(cb) * step;
+  const uint32_t polled =
+      chunk_vecs == 0 ? 0u : static_cast<uint32_t>(min(static_cast<uint64_t>(chunks), twoshot_polled_seg(N) / chunk_vecs));
   if (threadIdx.x < 32) {
-    for (uint32_t k = 0; k < chunks; ++k) {
+    for (uint32_t k = polled; k < chunks; ++k) {
       bar_op<kScattered>(true, k % kIds);
       flag_exchange<N>(p, flag_value(c.seq, k), static_cast<int>(threadIdx.x));
       __syncwarp();
@@ -242,17 +253,21 @@ __device__ __forceinline__ void twoshot_body(const EarAllReduceParams& p) {
       if (j < chunks) {
 #pragma unroll 1
         for (uint32_t b = j * cb; b < (j + 1) * cb; ++b) scatter_batch(at(b));
-        bar_op<kScattered>(false, j % kIds);
+        if (j >= polled) bar_op<kScattered>(false, j % kIds);
       }
       if (j < D) continue;
       const uint32_t k = j - D;  // the chunk to reduce
       const bool reducing = k < chunks;
-      if (reducing) bar_op<kReady>(true, k % kIds);
+      const bool poll = k < polled;
+      if (reducing && !poll) bar_op<kReady>(true, k % kIds);
       const uint32_t end = reducing ? (k + 1) * cb : total + kGatherLag;
 #pragma unroll 1
       for (uint32_t b = k * cb; b < end; ++b) {
         const uint64_t i0 = at(b);
-        if (reducing && i0 < own_len) batch_step_each<U>(i0, stride, own_len, reduce_load, Arrived{}, reduce_use);
+        if (reducing && i0 < own_len) {
+          if (poll) batch_step_each<U>(i0, stride, own_len, reduce_load, reduce_poll, reduce_use);
+          else batch_step_each<U>(i0, stride, own_len, reduce_load, Arrived{}, reduce_use);
+        }
         if (b >= kGatherLag) gather_batch(at(b - kGatherLag));
       }
     }
