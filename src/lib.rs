@@ -124,7 +124,7 @@ pub use ffi::TensorDesc;
 
 fn plugin_from_fields(raw: &[ffi::RawField]) -> Result<Box<PluginCore>> {
     guard("AllReducePlugin creation", || {
-        let fields = raw.iter().map(|f| incoming(f)).collect::<Result<Vec<_>>>()?;
+        let fields = raw.iter().map(incoming).collect::<Result<Vec<_>>>()?;
         PluginCore::from_fields(&fields).map(Box::new)
     })
 }

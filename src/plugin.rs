@@ -235,7 +235,7 @@ impl PluginCore {
             // SAFETY: TensorRT hands enqueue device buffers of the described sizes on `stream`.
             return if input == output { Ok(()) } else { unsafe { cuda::copy_async(output, input, count * dtype.size(), stream) } };
         }
-        let (_, registration, group, decision) = self.decide(shape, (input | output) % 16 == 0, stream)?;
+        let (_, registration, group, decision) = self.decide(shape, (input | output).is_multiple_of(16), stream)?;
         match (decision.path, group) {
             // SAFETY: every rank of the group takes this same path for this call (the choice is a
             // function of what they share); the buffers are TensorRT's, aligned as checked.

@@ -60,6 +60,10 @@ pub fn requested(config: &PluginConfig) -> Requested {
     })
 }
 
+/// Rows (first whose rank bound is >= the group's ranks) of entries (first whose byte bound is
+/// >= the message's bytes).
+pub type RankTable<T> = &'static [(i32, &'static [(u64, T)])];
+
 /// AUTO's choice by rank count (first row whose bound is >= the group's ranks) and message size
 /// (first entry whose bound is >= the bytes); `None` is NCCL.
 ///
@@ -71,7 +75,7 @@ pub fn requested(config: &PluginConfig) -> Requested {
 /// simulation (Lamport best up to 256 KiB at 4 ranks, 32-64 KiB at 8;
 /// docs/runs/2026-11-29-h200-final-sim48-crossovers_g20.txt) and published crossovers (vLLM:
 /// one-shot up to 512 KB at 4 ranks, 256 KB at 8), not yet measured on 4 or 8 real GPUs.
-pub const AUTO_TABLE: &[(i32, &[(u64, Option<Family>)])] = &[
+pub const AUTO_TABLE: RankTable<Option<Family>> = &[
     (
         2,
         &[(2 << 20, Some(Family::Lamport)), (64 << 20, Some(Family::TwoShot)), (u64::MAX, None)],
@@ -106,7 +110,7 @@ pub enum FusedChoice {
 /// 65.2 us at 256, 512 and 1024 x 8192 against the split two-shot's 22.3, 44.0 and 80.4).
 /// 4 and more ranks: from the simulation (fused Lamport best up to 256 KiB at 4 ranks and
 /// 8 KiB at 8, fused one-shot above).
-pub const FUSED_AUTO_TABLE: &[(i32, &[(u64, FusedChoice)])] = &[
+pub const FUSED_AUTO_TABLE: RankTable<FusedChoice> = &[
     (
         2,
         &[
@@ -135,7 +139,7 @@ pub const FUSED_AUTO_TABLE: &[(i32, &[(u64, FusedChoice)])] = &[
     ),
 ];
 
-fn row_of<T: Copy>(table: &[(i32, &'static [(u64, T)])], nranks: i32, bytes: u64) -> Option<T> {
+fn row_of<T: Copy>(table: RankTable<T>, nranks: i32, bytes: u64) -> Option<T> {
     let row = table.iter().find(|(n, _)| nranks <= *n).unwrap_or(&table[table.len() - 1]).1;
     row.iter().find(|(b, _)| bytes <= *b).map(|(_, c)| *c)
 }

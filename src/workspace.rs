@@ -248,6 +248,7 @@ impl Group {
     /// `input` and `output` must be 16-byte aligned device buffers of `count` elements on the
     /// rank's device, and every rank of the group must enqueue the same call (family, dtype,
     /// count) in the same order.
+    #[allow(clippy::too_many_arguments)] // one call's raw operands, as enqueue receives them
     pub unsafe fn launch(
         &self,
         rank: i32,
@@ -280,10 +281,13 @@ impl Drop for Group {
     }
 }
 
-/// Which group (and rank in it) each device of this process belongs to.
-static GROUPS: Mutex<Option<HashMap<i32, (Arc<Group>, i32)>>> = Mutex::new(None);
+/// Device -> its group and its rank there.
+type GroupsByDevice = HashMap<i32, (Arc<Group>, i32)>;
 
-fn groups() -> MutexGuard<'static, Option<HashMap<i32, (Arc<Group>, i32)>>> {
+/// Which group (and rank in it) each device of this process belongs to.
+static GROUPS: Mutex<Option<GroupsByDevice>> = Mutex::new(None);
+
+fn groups() -> MutexGuard<'static, Option<GroupsByDevice>> {
     GROUPS.lock().unwrap_or_else(|p| p.into_inner())
 }
 
@@ -356,7 +360,7 @@ pub fn on_register(device: i32, registration: Registration, explicit: bool) {
         // rest to register, or for edgellmAllReduceSetupWorkspaces (EDGELLM_ALLREDUCE_EXCHANGE=register
         // forces the exchange here).
         let elsewhere = explicit
-            || crate::cuda::device_count().map_or(false, |n| n < info.nranks)
+            || crate::cuda::device_count().is_ok_and(|n| n < info.nranks)
             || std::env::var("EDGELLM_ALLREDUCE_EXCHANGE").is_ok_and(|v| v == "register");
         if elsewhere {
             install_exchanged(device, &registration, info);
