@@ -211,7 +211,7 @@ __device__ __forceinline__ void twoshot_body(const EarAllReduceParams& p) {
   }
 
   // Large messages: a pipeline of chunks (chunk k = batches [k*cb, (k+1)*cb) of every
-  // mover), each with its own flag, flag_value(seq, k). The movers scatter chunk k+D before
+  // mover), each past the polled prefix with its own flag, flag_value(seq, k). The movers scatter chunk k+D before
   // they wait for chunk k (D = kPipelineDepth), so the link stays busy while chunk k's flags
   // make their round trip; warp 0 publishes chunk k's flag once the movers have issued its
   // scatter and waits for the peers'. After a flag the stage chunk is complete: the reduce
@@ -221,15 +221,16 @@ __device__ __forceinline__ void twoshot_body(const EarAllReduceParams& p) {
   // A barrier id is reused for chunk k+kIds only after its chunk-k instance completed: the
   // movers arrive at kScattered(k+D+1) in step k+D+1, after step k+D waited on kReady(k),
   // which warp 0 arrives at after kScattered(k); warp 0 arrives at kReady(k+D+1) after
-  // kScattered(k+D+1), which the movers reach after kReady(k).
+  // kScattered(k+D+1), which the movers reach after kReady(k). Polled chunks (below) touch
+  // no barrier, and they are a prefix, so the flagged chunks' ids stay consecutive.
   const uint64_t cta_first = static_cast<uint64_t>(blockIdx.x) * movers;
   const uint32_t batches = seg > cta_first ? static_cast<uint32_t>((seg - cta_first + step - 1) / step) : 0u;
   const uint32_t cb = (batches + kFlagsPerCall - 1) / kFlagsPerCall;
   const uint32_t chunks = cb == 0 ? 0u : (batches + cb - 1) / cb;  // <= kFlagsPerCall
   // Chunks k < polled lie wholly in the stage's polled prefix (their vectors j < (k+1) *
   // chunk_vecs <= twoshot_polled_seg): they are polled like a small call's stage, with no
-  // flag. A flag's st.release waits until the SM's whole queue of NVLink stores has drained,
-  // the next chunks' included (7-10 us, measured), so fewer flags stall the movers less
+  // flag. A flag's st.release takes 7-10 us, as long as the SM's whole queue of NVLink
+  // stores (the next chunks' included) takes to drain, so fewer flags stall the movers less
   // (2 x H200, 12 / 16 / 24 MiB: 40.8 / 52.8 / 75.8 us with a flag per chunk, 40.5 / 52.4 /
   // 75.6 with the prefix polled; a 12 or 16 MiB prefix was slower: 41.3-44.2 at 12 MiB).
   const uint64_t chunk_vecs = static_cast<uint64_t>(cb) * step;
