@@ -211,10 +211,10 @@ __device__ __forceinline__ void twoshot_body(const EarAllReduceParams& p) {
   }
 
   // Large messages: a pipeline of chunks (chunk k = batches [k*cb, (k+1)*cb) of every
-  // mover), each past the polled prefix with its own flag, flag_value(seq, k). The movers scatter chunk k+D before
-  // they wait for chunk k (D = kPipelineDepth), so the link stays busy while chunk k's flags
-  // make their round trip; warp 0 publishes chunk k's flag once the movers have issued its
-  // scatter and waits for the peers'. After a flag the stage chunk is complete: the reduce
+  // mover), each past the polled prefix with its own flag, flag_value(seq, k). The movers
+  // scatter chunk k+D before they wait for chunk k (D = kPipelineDepth), so the link stays
+  // busy while chunk k's flags make their round trip; warp 0 publishes chunk k's flag once
+  // the movers have issued its scatter and waits for the peers'. After a flag the stage chunk is complete: the reduce
   // is compiled without the arrival check. Flags pace the CTAs as much as they order the
   // data: with polls only, 64 MiB took 216-227 us on 2 x H200; with one barrier after the
   // whole scatter 200.5; pipelined 191.5-191.7 (docs/PERFORMANCE.md).
