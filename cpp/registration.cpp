@@ -1,17 +1,21 @@
-// How TensorRT finds the AllReducePlugin creator, and how this library logs through TensorRT.
+// How TensorRT finds this library's creators, how Edge-LLM's own plugin library (the overlay's
+// base, src/overlay.rs) shares the registry with it, and how this library logs through TensorRT.
 //
 // Three ways in, all supported at once:
-//  1. Static registration: when the library is loaded into a process that has TensorRT's plugin
-//     registry (`getPluginRegistry`, resolved at run time, so there is no link-time dependency on
-//     libnvinfer), the creator registers itself in namespace "" (Edge-LLM's REGISTER_TENSORRT_PLUGIN).
-//  2. initEdgellmPlugins(logger, ns) (src/abi.rs) registers it in `ns` unless it is there already.
+//  1. Static registration when the library is loaded: it makes its exports global, has the base
+//     loaded (whose own static registrations fill the registry), then registers AllReducePlugin
+//     in namespace "", replacing the base's (Edge-LLM's REGISTER_TENSORRT_PLUGIN, plus the overlay).
+//  2. initEdgellmPlugins(logger, ns) (src/abi.rs) registers ours in `ns`, replacing any other
+//     AllReducePlugin there, and for ns != "" the base's other creators too.
 //  3. IPluginRegistry::loadLibrary / trtexec --dynamicPlugins call getCreators and register what it
-//     returns, failing if a creator of the same name is registered: so getCreators first withdraws
-//     the statically registered creator, and loadLibrary then registers it without a conflict.
+//     returns, failing on a duplicate: getCreators returns ours and the base's, and withdraws
+//     them from the registry first so that loadLibrary registers them without a conflict.
 //
-// IPluginRegistry, ILogger and ILoggerFinder changed layout in TensorRT 11 (trt-abi.md): the
-// methods are called through their vtable slot for the TensorRT major version found in the
-// process, so one binary serves TensorRT 10 and 11.
+// TensorRT's registry may be in the process without being global (the Python path loads
+// libnvinfer through its bindings, RTLD_LOCAL): it is found by name then (trtSymbol).
+// IPluginRegistry, ILogger and ILoggerFinder changed layout in TensorRT 11: the methods are
+// called through their vtable slot for the TensorRT major version found in the process, so one
+// binary serves TensorRT 10 and 11.
 
 #include "trt_edgellm/plugins/allReducePlugin.h"
 
@@ -20,12 +24,16 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cstdint>
+#include <cstring>
 #include <exception>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 namespace trt_edgellm
 {
@@ -34,27 +42,54 @@ namespace
 using namespace nvinfer1;
 using plugins::AllReducePluginCreator;
 
+char const* const kName = "AllReducePlugin";
+char const* const kVersion = "1";
+
 //! Vtable slots of the methods this library calls, per TensorRT major version.
 struct TrtLayout
 {
     int registerCreator;   //!< IPluginRegistry::registerCreator(IPluginCreatorInterface&, char const*)
+    int getAllCreators;    //!< IPluginRegistry::getAllCreators(int32_t*)
     int getCreator;        //!< IPluginRegistry::getCreator(char const* name, char const* version, char const* ns)
     int deregisterCreator; //!< IPluginRegistry::deregisterCreator(IPluginCreatorInterface const&)
     int log;               //!< ILogger::log(Severity, char const*)
     int findLogger;        //!< ILoggerFinder::findLogger()
 };
-constexpr TrtLayout kTrt10{12, 14, 15, 0, 0};
-constexpr TrtLayout kTrt11{8, 10, 11, 4, 4};
+constexpr TrtLayout kTrt10{12, 13, 14, 15, 0, 0};
+constexpr TrtLayout kTrt11{8, 9, 10, 11, 4, 4};
+
+//! A symbol of TensorRT's runtime: from the global scope, else from a libnvinfer that is loaded
+//! locally (RTLD_NOLOAD never loads one).
+void* trtSymbol(char const* name) noexcept
+{
+    if (void* global = dlsym(RTLD_DEFAULT, name))
+    {
+        return global;
+    }
+    for (char const* soname : {"libnvinfer.so.11", "libnvinfer.so.10"})
+    {
+        if (void* handle = dlopen(soname, RTLD_LAZY | RTLD_NOLOAD))
+        {
+            void* symbol = dlsym(handle, name);
+            dlclose(handle); // only drops the reference RTLD_NOLOAD took
+            if (symbol != nullptr)
+            {
+                return symbol;
+            }
+        }
+    }
+    return nullptr;
+}
 
 //! The TensorRT major version of the process: libnvinfer's getInferLibMajorVersion, else its
 //! getInferLibVersion (M*10000+m*100+p since 10.0), else the headers this library was built with.
 int trtMajor() noexcept
 {
-    if (auto f = reinterpret_cast<int32_t (*)()>(dlsym(RTLD_DEFAULT, "getInferLibMajorVersion")))
+    if (auto f = reinterpret_cast<int32_t (*)()>(trtSymbol("getInferLibMajorVersion")))
     {
         return f();
     }
-    if (auto f = reinterpret_cast<int32_t (*)()>(dlsym(RTLD_DEFAULT, "getInferLibVersion")))
+    if (auto f = reinterpret_cast<int32_t (*)()>(trtSymbol("getInferLibVersion")))
     {
         int32_t const v = f();
         return v >= 100000 ? v / 10000 : v / 1000;
@@ -76,7 +111,7 @@ Fn vtableSlot(void const* object, int slot) noexcept
 //! TensorRT's plugin registry when libnvinfer (or a stand-in) is in the process, else null.
 void* pluginRegistry() noexcept
 {
-    auto get = reinterpret_cast<void* (*) ()>(dlsym(RTLD_DEFAULT, "getPluginRegistry"));
+    auto get = reinterpret_cast<void* (*) ()>(trtSymbol("getPluginRegistry"));
     return get != nullptr ? get() : nullptr;
 }
 
@@ -86,16 +121,49 @@ bool registryRegister(void* registry, IPluginCreatorInterface& creator, char con
     return vtableSlot<Fn>(registry, layout().registerCreator)(registry, creator, ns);
 }
 
-IPluginCreatorInterface* registryGet(void* registry, char const* ns) noexcept
+std::vector<IPluginCreatorInterface*> registryAll(void* registry) noexcept
+{
+    using Fn = IPluginCreatorInterface* const* (*) (void*, int32_t*);
+    int32_t n = 0;
+    IPluginCreatorInterface* const* list = vtableSlot<Fn>(registry, layout().getAllCreators)(registry, &n);
+    return list != nullptr && n > 0 ? std::vector<IPluginCreatorInterface*>(list, list + n)
+                                    : std::vector<IPluginCreatorInterface*>{};
+}
+
+IPluginCreatorInterface* registryGet(void* registry, char const* name, char const* version, char const* ns) noexcept
 {
     using Fn = IPluginCreatorInterface* (*) (void*, char const*, char const*, char const*);
-    return vtableSlot<Fn>(registry, layout().getCreator)(registry, "AllReducePlugin", "1", ns);
+    return vtableSlot<Fn>(registry, layout().getCreator)(registry, name, version, ns);
 }
 
 bool registryDeregister(void* registry, IPluginCreatorInterface const& creator) noexcept
 {
     using Fn = bool (*)(void*, IPluginCreatorInterface const&);
     return vtableSlot<Fn>(registry, layout().deregisterCreator)(registry, creator);
+}
+
+//! The name and version of a V3 creator (the kind every Edge-LLM plugin has); null for others.
+IPluginCreatorV3One* asV3One(IPluginCreatorInterface* creator) noexcept
+{
+    return creator != nullptr && std::strcmp(creator->getInterfaceInfo().kind, "PLUGIN CREATOR_V3ONE") == 0
+        ? static_cast<IPluginCreatorV3One*>(creator)
+        : nullptr;
+}
+
+//! The library a creator's code lives in (its vtable's object): file and load address.
+struct Owner
+{
+    std::string file;
+    uintptr_t address = 0;
+};
+Owner ownerOf(void const* object) noexcept
+{
+    Dl_info info{};
+    if (object == nullptr || dladdr(*static_cast<void* const*>(object), &info) == 0 || info.dli_fname == nullptr)
+    {
+        return {};
+    }
+    return {info.dli_fname, reinterpret_cast<uintptr_t>(info.dli_fbase)};
 }
 
 //! One creator per plugin namespace. Whether one is registered is asked of the registry itself
@@ -105,6 +173,7 @@ struct Creators
 {
     std::mutex mutex;
     std::map<std::string, std::unique_ptr<AllReducePluginCreator>> byNamespace;
+    std::vector<IPluginCreatorInterface*> base; //!< the base's creators but its AllReducePlugin
 
     AllReducePluginCreator& get(std::string const& ns)
     {
@@ -116,12 +185,71 @@ struct Creators
         }
         return *slot;
     }
+
+    //! The base's creators as the registry holds them (found by where their code lives), kept
+    //! once found so that getCreators can return them again after loadLibrary took them over.
+    std::vector<IPluginCreatorInterface*> const& baseCreators(void* registry)
+    {
+        uintptr_t const baseAddress = ffi::overlay_base_address();
+        if (base.empty() && baseAddress != 0)
+        {
+            for (IPluginCreatorInterface* c : registryAll(registry))
+            {
+                IPluginCreatorV3One* v3 = asV3One(c);
+                bool const seen = std::find(base.begin(), base.end(), c) != base.end();
+                if (v3 != nullptr && !seen && ownerOf(c).address == baseAddress && std::strcmp(v3->getPluginName(), kName) != 0)
+                {
+                    base.push_back(c);
+                }
+            }
+        }
+        return base;
+    }
 };
 
 Creators& creators()
 {
     static Creators* instance = new Creators(); // never destroyed: TensorRT may hold the creators until exit
     return *instance;
+}
+
+//! Registers ours as AllReducePlugin in `ns`: a creator of another library there (the base's,
+//! or an Edge-LLM library loaded before this one) is withdrawn first, so ours wins whatever the
+//! load order. For ns != "" the base's other creators are registered there too. Caller holds the lock.
+bool registerLocked(Creators& c, void* registry, std::string const& ns)
+{
+    AllReducePluginCreator& ours = c.get(ns);
+    IPluginCreatorInterface* present = registryGet(registry, kName, kVersion, ns.c_str());
+    if (present != static_cast<IPluginCreatorInterface*>(&ours))
+    {
+        if (present != nullptr)
+        {
+            Owner const owner = ownerOf(present);
+            registryDeregister(registry, *present);
+            std::string const line = "AllReducePlugin (version 1, namespace \"" + ns + "\") of " + owner.file
+                + " is replaced by edgellm-allreduce's";
+            owner.address == ffi::overlay_base_address() ? ffi::log_info(line) : ffi::log_warning(line);
+        }
+        if (!registryRegister(registry, ours, ns.c_str()))
+        {
+            ffi::log_error("TensorRT refused to register AllReducePlugin (version 1, namespace \"" + ns + "\")");
+            return false;
+        }
+    }
+    if (!ns.empty())
+    {
+        for (IPluginCreatorInterface* b : c.baseCreators(registry))
+        {
+            IPluginCreatorV3One* v3 = asV3One(b);
+            if (registryGet(registry, v3->getPluginName(), v3->getPluginVersion(), ns.c_str()) == nullptr
+                && !registryRegister(registry, *b, ns.c_str()))
+            {
+                ffi::log_warning(std::string("TensorRT refused to register Edge-LLM's ") + v3->getPluginName()
+                    + " in namespace \"" + ns + "\"");
+            }
+        }
+    }
+    return true;
 }
 
 bool registerIn(std::string const& ns) noexcept
@@ -135,23 +263,7 @@ bool registerIn(std::string const& ns) noexcept
         }
         Creators& c = creators();
         std::lock_guard<std::mutex> lock(c.mutex);
-        AllReducePluginCreator& creator = c.get(ns);
-        if (IPluginCreatorInterface* present = registryGet(registry, ns.c_str()))
-        {
-            if (present != static_cast<IPluginCreatorInterface*>(&creator))
-            {
-                ffi::log_error("AllReducePlugin (version 1, namespace \"" + ns
-                    + "\") is already registered by another library (is Edge-LLM's own plugin library loaded too?)");
-                return false;
-            }
-            return true;
-        }
-        if (!registryRegister(registry, creator, ns.c_str()))
-        {
-            ffi::log_error("TensorRT refused to register AllReducePlugin (version 1, namespace \"" + ns + "\")");
-            return false;
-        }
-        return true;
+        return registerLocked(c, registry, ns);
     }
     catch (std::exception const& e)
     {
@@ -160,11 +272,19 @@ bool registerIn(std::string const& ns) noexcept
     }
 }
 
-//! Static registration at load time, as Edge-LLM's REGISTER_TENSORRT_PLUGIN does.
+//! What happens when the library is loaded: exports made global, the base loaded (an Edge-LLM
+//! library that registered AllReducePlugin first is adopted as the base), then ours registered.
 struct StaticRegistrar
 {
     StaticRegistrar()
     {
+        ffi::overlay_promote_to_global_scope();
+        std::string preloaded;
+        if (void* registry = pluginRegistry())
+        {
+            preloaded = ownerOf(registryGet(registry, kName, kVersion, "")).file;
+        }
+        ffi::overlay_load(preloaded);
         registerIn(""); // a refusal is logged there
     }
 } const gStaticRegistrar;
@@ -233,17 +353,25 @@ extern "C"
         {
             Creators& c = creators();
             std::lock_guard<std::mutex> lock(c.mutex);
-            AllReducePluginCreator& creator = c.get("");
-            // loadLibrary registers what we return and fails on a duplicate: withdraw ours first.
+            static std::vector<nvinfer1::IPluginCreatorInterface*> list;
+            list.assign(1, &c.get(""));
             void* registry = pluginRegistry();
-            if (registry != nullptr && registryGet(registry, "") == static_cast<IPluginCreatorInterface*>(&creator))
+            if (registry != nullptr)
             {
-                registryDeregister(registry, creator);
+                auto const& base = c.baseCreators(registry);
+                list.insert(list.end(), base.begin(), base.end());
+                // loadLibrary registers what we return and fails on a duplicate: withdraw them first.
+                for (nvinfer1::IPluginCreatorInterface* creator : list)
+                {
+                    nvinfer1::IPluginCreatorV3One* v3 = asV3One(creator);
+                    if (registryGet(registry, v3->getPluginName(), v3->getPluginVersion(), "") == creator)
+                    {
+                        registryDeregister(registry, *creator);
+                    }
+                }
             }
-            static nvinfer1::IPluginCreatorInterface* list[1];
-            list[0] = &creator;
-            nbCreators = 1;
-            return list;
+            nbCreators = static_cast<int32_t>(list.size());
+            return list.data();
         }
         catch (std::exception const& e)
         {

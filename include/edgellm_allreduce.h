@@ -21,13 +21,15 @@ extern "C" {
 bool edgellmRegisterNcclCommForAllReducePlugin(int deviceId, void *ncclComm, void *ncclAllReduceFunction);
 
 // Removes the registration of `deviceId` if it holds exactly `ncclComm`. Returns false (and
-// logs why) otherwise.
+// logs why) otherwise. The base (Edge-LLM's library, when the overlay has one) is asked too.
 bool edgellmUnregisterNcclCommForAllReducePlugin(int deviceId, void *ncclComm);
 
 // Edge-LLM's plugin-library initializer. `logger` is an `nvinfer1::ILogger*` (or null): the
 // library logs through it from now on. Registers the AllReducePlugin creator with TensorRT's
-// plugin registry under `libNamespace` (null means "") unless it is registered there already.
-// Returns true unless that registration failed.
+// plugin registry under `libNamespace` (null means "") unless it is registered there already,
+// replacing another library's AllReducePlugin there; with an overlay base, the base's own
+// initializer runs first and its other creators are registered in `libNamespace` too.
+// Returns true unless the registration of AllReducePlugin failed (upstream always returns true).
 bool initEdgellmPlugins(void *logger, const char *libNamespace);
 
 // How many ranks the custom-kernel group of CUDA device `deviceId` has: 0 when the device has
@@ -48,6 +50,22 @@ bool edgellmAllReduceSetupWorkspaces(int deviceId);
 // device before tearing the runtime down if you do not unregister the communicators; unregister
 // does it too. Returns false when the device had no group.
 bool edgellmAllReduceReleaseWorkspaces(int deviceId);
+
+// Edge-LLM 0.11's registration of the NVFP4 weights a `FusedNvfp4GemmAllReducePlugin` layer
+// uses (a plugin of Edge-LLM's own library): forwarded to the overlay's base. Returns false
+// (and logs why) when there is no base or it does not export this function, as upstream
+// returns false for a registration it cannot take.
+bool edgellmRegisterFusedNvfp4WeightResource(int32_t deviceId, int32_t resourceId, const void *weight, const void *scale, int32_t outFeatures, int32_t inFeatures, int32_t scaleCols);
+
+// Edge-LLM 0.11's removal of a weight resource: forwarded to the overlay's base; false (and a
+// log line) without one.
+bool edgellmUnregisterFusedNvfp4WeightResource(int32_t deviceId, int32_t resourceId);
+
+// Edge-LLM 0.10's builder hook: sets `pagesPerSlot` on the `DFlashTargetKVCacheUpdate` layers
+// of `network` (an `nvinfer1::INetworkDefinition*`). Forwarded to the overlay's base; false (and
+// a log line) without one or when the base does not export it (0.11), which is what upstream
+// returns when no such layer is found.
+bool edgellm_dflash_configure_pages_per_slot(void *network, int32_t pagesPerSlot);
 
 #ifdef __cplusplus
 }  // extern "C"

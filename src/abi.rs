@@ -1,10 +1,24 @@
 //! The C ABI of the library (cbindgen writes `include/edgellm_allreduce.h` from this file).
 //! Every function is `noexcept` in spirit: errors are logged and reported as `false`, and a
 //! panic never crosses this boundary.
+//!
+//! Edge-LLM's whole C ABI is here: the AllReduce functions are served by this library and also
+//! forwarded to Edge-LLM's own library when the overlay has one (its other plugins, such as
+//! `FusedNvfp4GemmAllReducePlugin`, read its own registry); the others are forwarded only.
 
-use crate::error::{guard, Error};
-use crate::{registry, workspace};
+use crate::error::{guard, Error, Result};
+use crate::{overlay, registry, workspace};
 use std::ffi::{c_char, c_int, c_void, CStr};
+
+/// Calls the base's `function` when the overlay has a base that exports it: a refusal is an error.
+fn forward(function: &'static str, call: impl FnOnce(&overlay::BaseApi) -> Option<bool>) -> Result<()> {
+    match overlay::base() {
+        Some(base) if call(&base.api) == Some(false) => {
+            Err(Error::BaseRefused { function, path: base.path.display().to_string() })
+        }
+        _ => Ok(()),
+    }
+}
 
 /// Registers the NCCL communicator that AllReducePlugin instances running on CUDA device
 /// `deviceId` use, and the address of `ncclAllReduce` from the NCCL library the runtime loaded.
@@ -18,31 +32,43 @@ pub extern "C" fn edgellmRegisterNcclCommForAllReducePlugin(
     ncclAllReduceFunction: *mut c_void,
 ) -> bool {
     guard("edgellmRegisterNcclCommForAllReducePlugin", || {
-        registry::register(deviceId, ncclComm as usize, ncclAllReduceFunction as usize)?;
+        let registration = registry::Registration { comm: ncclComm as usize, all_reduce: ncclAllReduceFunction as usize };
+        registry::register(deviceId, registration.comm, registration.all_reduce)?;
         // Forms the custom-kernel group once all of the communicator's ranks are registered here.
-        workspace::on_register(deviceId, registry::get(deviceId).expect("just registered"), false);
-        Ok(())
+        workspace::on_register(deviceId, registration, false);
+        // SAFETY: the base's function has this C signature; the arguments are the caller's.
+        forward("edgellmRegisterNcclCommForAllReducePlugin", |base| {
+            base.register_nccl.map(|f| unsafe { f(deviceId, ncclComm, ncclAllReduceFunction) })
+        })
     })
     .is_ok()
 }
 
 /// Removes the registration of `deviceId` if it holds exactly `ncclComm`. Returns false (and
-/// logs why) otherwise.
+/// logs why) otherwise. The base (Edge-LLM's library, when the overlay has one) is asked too.
 #[no_mangle]
 #[allow(non_snake_case)]
 pub extern "C" fn edgellmUnregisterNcclCommForAllReducePlugin(deviceId: c_int, ncclComm: *mut c_void) -> bool {
     guard("edgellmUnregisterNcclCommForAllReducePlugin", || {
-        registry::unregister(deviceId, ncclComm as usize)?;
-        workspace::forget(deviceId);
-        Ok(())
+        let ours = registry::unregister(deviceId, ncclComm as usize);
+        if ours.is_ok() {
+            workspace::forget(deviceId);
+        }
+        // SAFETY: the base's function has this C signature; the arguments are the caller's.
+        let base = forward("edgellmUnregisterNcclCommForAllReducePlugin", |base| {
+            base.unregister_nccl.map(|f| unsafe { f(deviceId, ncclComm) })
+        });
+        ours.and(base)
     })
     .is_ok()
 }
 
 /// Edge-LLM's plugin-library initializer. `logger` is an `nvinfer1::ILogger*` (or null): the
 /// library logs through it from now on. Registers the AllReducePlugin creator with TensorRT's
-/// plugin registry under `libNamespace` (null means "") unless it is registered there already.
-/// Returns true unless that registration failed.
+/// plugin registry under `libNamespace` (null means "") unless it is registered there already,
+/// replacing another library's AllReducePlugin there; with an overlay base, the base's own
+/// initializer runs first and its other creators are registered in `libNamespace` too.
+/// Returns true unless the registration of AllReducePlugin failed (upstream always returns true).
 #[no_mangle]
 #[allow(non_snake_case)]
 // A C entry point: the pointer's contract is the C header's (null or NUL-terminated).
@@ -60,6 +86,11 @@ pub extern "C" fn initEdgellmPlugins(logger: *mut c_void, libNamespace: *const c
                 .to_str()
                 .map_err(|_| Error::invalid("libNamespace is not valid UTF-8"))?
         };
+        if let Some(init) = overlay::base().and_then(|b| b.api.init) {
+            // SAFETY: Edge-LLM's initializer has this signature and takes the caller's arguments
+            // (it copies the log level of an Edge-LLM logger and returns true).
+            unsafe { init(logger, libNamespace) };
+        }
         if crate::ffi::register_creator_in_namespace(namespace) {
             Ok(())
         } else {
@@ -109,6 +140,60 @@ pub extern "C" fn edgellmAllReduceReleaseWorkspaces(deviceId: c_int) -> bool {
         let had = workspace::group_for(deviceId).is_some();
         workspace::forget(deviceId);
         Ok(had)
+    })
+    .unwrap_or(false)
+}
+
+/// Edge-LLM 0.11's registration of the NVFP4 weights a `FusedNvfp4GemmAllReducePlugin` layer
+/// uses (a plugin of Edge-LLM's own library): forwarded to the overlay's base. Returns false
+/// (and logs why) when there is no base or it does not export this function, as upstream
+/// returns false for a registration it cannot take.
+#[no_mangle]
+#[allow(non_snake_case)]
+pub extern "C" fn edgellmRegisterFusedNvfp4WeightResource(
+    deviceId: i32,
+    resourceId: i32,
+    weight: *const c_void,
+    scale: *const c_void,
+    outFeatures: i32,
+    inFeatures: i32,
+    scaleCols: i32,
+) -> bool {
+    const NAME: &str = "edgellmRegisterFusedNvfp4WeightResource";
+    guard(NAME, || {
+        let f = overlay::function(NAME, |base| base.register_nvfp4_weight)?;
+        // SAFETY: the base's function has this C signature; the arguments are the caller's.
+        Ok(unsafe { f(deviceId, resourceId, weight, scale, outFeatures, inFeatures, scaleCols) })
+    })
+    .unwrap_or(false)
+}
+
+/// Edge-LLM 0.11's removal of a weight resource: forwarded to the overlay's base; false (and a
+/// log line) without one.
+#[no_mangle]
+#[allow(non_snake_case)]
+pub extern "C" fn edgellmUnregisterFusedNvfp4WeightResource(deviceId: i32, resourceId: i32) -> bool {
+    const NAME: &str = "edgellmUnregisterFusedNvfp4WeightResource";
+    guard(NAME, || {
+        let f = overlay::function(NAME, |base| base.unregister_nvfp4_weight)?;
+        // SAFETY: the base's function has this C signature; the arguments are the caller's.
+        Ok(unsafe { f(deviceId, resourceId) })
+    })
+    .unwrap_or(false)
+}
+
+/// Edge-LLM 0.10's builder hook: sets `pagesPerSlot` on the `DFlashTargetKVCacheUpdate` layers
+/// of `network` (an `nvinfer1::INetworkDefinition*`). Forwarded to the overlay's base; false (and
+/// a log line) without one or when the base does not export it (0.11), which is what upstream
+/// returns when no such layer is found.
+#[no_mangle]
+#[allow(non_snake_case)]
+pub extern "C" fn edgellm_dflash_configure_pages_per_slot(network: *mut c_void, pagesPerSlot: i32) -> bool {
+    const NAME: &str = "edgellm_dflash_configure_pages_per_slot";
+    guard(NAME, || {
+        let f = overlay::function(NAME, |base| base.dflash_configure_pages_per_slot)?;
+        // SAFETY: the base's function has this C signature; the arguments are the caller's.
+        Ok(unsafe { f(network, pagesPerSlot) })
     })
     .unwrap_or(false)
 }

@@ -4,8 +4,7 @@
 
 use crate::error::{Error, Result};
 use crate::registry::Registration;
-use libloading::os::unix::{Library, RTLD_LAZY};
-use std::ffi::{c_int, c_void, CStr};
+use std::ffi::{c_int, c_void};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CommInfo {
@@ -14,24 +13,11 @@ pub struct CommInfo {
     pub device: i32,
 }
 
-/// The NCCL library already loaded in the process that defines the function at `address`.
-pub fn library_of(address: usize) -> Option<Library> {
-    // SAFETY: dladdr only reads the loader's tables; `info` is a valid out-pointer.
-    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
-    if unsafe { libc::dladdr(address as *const c_void, &mut info) } == 0 || info.dli_fname.is_null() {
-        return None;
-    }
-    // SAFETY: dli_fname is a NUL-terminated path owned by the loader.
-    let path = unsafe { CStr::from_ptr(info.dli_fname) }.to_str().ok()?.to_owned();
-    // SAFETY: RTLD_NOLOAD only returns a library that is already loaded; nothing is initialised.
-    unsafe { Library::open(Some(path), RTLD_LAZY | libc::RTLD_NOLOAD) }.ok()
-}
-
 /// `ncclCommCount`, `ncclCommUserRank`, `ncclCommCuDevice` of the registered communicator, or
 /// None when they cannot be asked (the registered function is not NCCL's, or a call failed).
 pub fn describe(registration: &Registration) -> Option<CommInfo> {
     type Query = unsafe extern "C" fn(*mut c_void, *mut c_int) -> c_int;
-    let lib = library_of(registration.all_reduce)?;
+    let lib = crate::loader::library_of(registration.all_reduce)?;
     let ask = |name: &[u8]| -> Option<i32> {
         // SAFETY: these NCCL functions have the signature `ncclResult_t f(ncclComm_t, int*)`.
         let f = unsafe { lib.get::<Query>(name) }.ok()?;
@@ -52,7 +38,7 @@ pub fn describe(registration: &Registration) -> Option<CommInfo> {
 pub fn all_gather(registration: &Registration, nranks: i32, mine: &[u8]) -> Result<Vec<u8>> {
     type AllGather = unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, *mut c_void, *mut c_void) -> c_int;
     const NCCL_UINT8: c_int = 1;
-    let lib = library_of(registration.all_reduce)
+    let lib = crate::loader::library_of(registration.all_reduce)
         .ok_or_else(|| Error::invalid("the registered ncclAllReduce is not in a loaded NCCL library"))?;
     // SAFETY: ncclAllGather's C signature is AllGather.
     let all_gather = unsafe { lib.get::<AllGather>(b"ncclAllGather\0") }

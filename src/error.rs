@@ -30,6 +30,12 @@ pub enum Error {
     #[error("ncclAllReduce failed with ncclResult_t {0}")]
     Nccl(i32),
 
+    #[error("{function} is served by Edge-LLM's own plugin library (the overlay's base), which cannot serve it: {why}")]
+    BaseUnavailable { function: &'static str, why: String },
+
+    #[error("Edge-LLM's plugin library {path} refused {function}")]
+    BaseRefused { function: &'static str, path: String },
+
     #[error("internal error (a Rust panic was caught at the API boundary): {0}")]
     Panic(String),
 }

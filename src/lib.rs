@@ -6,7 +6,9 @@
 //!
 //! | module | owns |
 //! |---|---|
-//! | [`abi`] | the C ABI (`edgellm*`, `initEdgellmPlugins`) |
+//! | [`abi`] | the C ABI (`edgellm*`, `initEdgellmPlugins`), forwarded to the overlay's base |
+//! | `overlay` | Edge-LLM's own plugin library loaded beside this one (the base) |
+//! | `loader` | what the dynamic loader knows: the file of an address, loaded libraries |
 //! | [`registry`] | per-device NCCL registrations |
 //! | [`fields`] | plugin fields: parse, validate, serialize |
 //! | [`plugin`] | shapes, types, formats, enqueue dispatch |
@@ -25,8 +27,10 @@ pub mod cuda;
 pub mod error;
 pub mod fields;
 pub mod kernels;
+mod loader;
 pub mod log;
 pub mod nccl;
+mod overlay;
 pub mod plugin;
 pub mod registry;
 pub mod strategy;
@@ -102,6 +106,16 @@ mod ffi {
         fn nccl_registration(device: i32) -> NcclRegistration;
         fn last_nccl_all_reduce() -> usize;
         fn log_error(message: &str);
+        fn log_warning(message: &str);
+        fn log_info(message: &str);
+
+        /// The overlay (`overlay.rs`): runs once when the library is loaded, before our creator
+        /// is registered. `preloaded_library` is the file of an Edge-LLM library whose
+        /// AllReducePlugin was registered first ("" if none). Returns the base's load address
+        /// (0: no base), by which the C++ side tells the base's creators from others.
+        fn overlay_load(preloaded_library: &str) -> usize;
+        fn overlay_base_address() -> usize;
+        fn overlay_promote_to_global_scope();
     }
 
     unsafe extern "C++" {
@@ -208,4 +222,26 @@ fn last_nccl_all_reduce() -> usize {
 
 fn log_error(message: &str) {
     log::error(message)
+}
+fn log_warning(message: &str) {
+    log::warning(message)
+}
+fn log_info(message: &str) {
+    log::info(message)
+}
+
+fn overlay_load(preloaded_library: &str) -> usize {
+    let preloaded = (!preloaded_library.is_empty()).then(|| std::path::Path::new(preloaded_library));
+    guard("loading Edge-LLM's plugin library", || Ok(overlay::load(preloaded).map_or(0, |b| b.address))).unwrap_or(0)
+}
+
+fn overlay_base_address() -> usize {
+    guard("the overlay's base", || Ok(overlay::base().map_or(0, |b| b.address))).unwrap_or(0)
+}
+
+fn overlay_promote_to_global_scope() {
+    let _ = guard("making the library's exports global", || {
+        overlay::promote_to_global_scope();
+        Ok(())
+    });
 }

@@ -1,12 +1,19 @@
 #!/usr/bin/env bash
-# Checks the installed library: exactly the public exports (docs/ABI.md), SONAME, RUNPATH, and no
-# NEEDED entry for TensorRT, NCCL or the CUDA runtime. Usage: abi_check.sh PREFIX
+# Checks the installed library: Edge-LLM's file names (.so -> .so.1 -> .so.1.0), exactly the
+# public exports (docs/ABI.md), SONAME, RUNPATH, and no NEEDED entry for TensorRT, NCCL or the CUDA
+# runtime; and the base beside it when the package has one. Usage: abi_check.sh PREFIX
 set -euo pipefail
 prefix=$1
 lib="$prefix/lib/libNvInfer_edgellm_plugin.so"
-[ -L "$lib" ] || { echo "FAIL: $lib is not a symlink to the .so.1"; exit 1; }
 [ "$(readlink "$lib")" = "libNvInfer_edgellm_plugin.so.1" ] || { echo "FAIL: $lib -> $(readlink "$lib")"; exit 1; }
-dyn=$(readelf -d "$lib.1")
+[ "$(readlink "$lib.1")" = "libNvInfer_edgellm_plugin.so.1.0" ] || { echo "FAIL: $lib.1 -> $(readlink "$lib.1")"; exit 1; }
+[ -f "$lib.1.0" ] && [ ! -L "$lib.1.0" ] || { echo "FAIL: $lib.1.0 is not the library file"; exit 1; }
+base="$prefix/lib/libNvInfer_edgellm_plugin_base.so"
+if [ -e "$base" ]; then
+  nm -D --defined-only "$base" | grep -qw initEdgellmPlugins || { echo "FAIL: $base is not Edge-LLM's plugin library"; exit 1; }
+  ! nm -D --defined-only "$base" | grep -qw edgellmAllReduceCustomRanks || { echo "FAIL: $base is ours, not Edge-LLM's"; exit 1; }
+fi
+dyn=$(readelf -d "$lib.1.0")
 grep -q 'SONAME.*\[libNvInfer_edgellm_plugin.so.1\]' <<<"$dyn" || { echo "FAIL: SONAME"; exit 1; }
 grep -q 'RUNPATH.*\[\$ORIGIN\]' <<<"$dyn" || { echo "FAIL: RUNPATH is not \$ORIGIN"; exit 1; }
 if grep -E 'NEEDED.*(nvinfer|nccl|cudart|libcuda)' <<<"$dyn"; then echo "FAIL: forbidden NEEDED entry"; exit 1; fi
@@ -14,8 +21,11 @@ expected=$(cat <<'LIST'
 edgellmAllReduceCustomRanks
 edgellmAllReduceReleaseWorkspaces
 edgellmAllReduceSetupWorkspaces
+edgellmRegisterFusedNvfp4WeightResource
 edgellmRegisterNcclCommForAllReducePlugin
+edgellmUnregisterFusedNvfp4WeightResource
 edgellmUnregisterNcclCommForAllReducePlugin
+edgellm_dflash_configure_pages_per_slot
 getCreators
 getPluginCreators
 initEdgellmPlugins
@@ -59,10 +69,10 @@ vtable for trt_edgellm::plugins::AllReducePlugin
 vtable for trt_edgellm::plugins::AllReducePluginCreator
 LIST
 )
-actual=$(nm -D --defined-only "$lib.1" | awk '{print $3}' | c++filt | sort -u)
+actual=$(nm -D --defined-only "$lib.1.0" | awk '{print $3}' | c++filt | sort -u)
 if [ "$actual" != "$(sort -u <<<"$expected")" ]; then
   echo "FAIL: exports differ from the public API"
   diff <(sort -u <<<"$expected") <(echo "$actual") || true
   exit 1
 fi
-echo "abi: $(wc -l <<<"$actual") exports, SONAME .so.1, RUNPATH \$ORIGIN, no NEEDED libnvinfer/libnccl/libcudart/libcuda"
+echo "abi: $(wc -l <<<"$actual") exports, .so -> .so.1 -> .so.1.0, SONAME .so.1, RUNPATH \$ORIGIN, no NEEDED libnvinfer/libnccl/libcudart/libcuda; base: $([ -e "$base" ] && echo "$base" || echo none)"

@@ -1,14 +1,48 @@
 #!/usr/bin/env bash
-# Builds libNvInfer_edgellm_plugin.so and installs the package (lib/, include/, lib/cmake/).
-# Usage: tools/install.sh [PREFIX]     (default PREFIX: <repo>/dist)
-# Installs what it needs first (tools/setup.sh): cmake and GoogleTest from apt, the CUDA 13.0
-# compiler from PyPI, TensorRT headers from the trtx-sys crate; CUDA_HOME / TRT_ROOT are honoured.
+# Builds libNvInfer_edgellm_plugin.so and installs the package (lib/, include/, lib/cmake/) with
+# Edge-LLM's own plugin library beside it as the overlay's base (docs/OVERLAY.md).
+# Usage: tools/install.sh [--base pypi|none|PATH] [--base-version X.Y.Z] [PREFIX]   (default PREFIX: <repo>/dist)
+#   --base pypi   (default) Edge-LLM 0.11.0's library from the tensorrt-edgellm wheel on PyPI, the
+#                 payload for the TensorRT major of EDGELLM_TRT_MAJOR (10 or 11, default 10), or
+#                 EDGELLM_BASE_VARIANT (a payload of that wheel); tools/edgellm_base.sh
+#   --base PATH   an Edge-LLM libNvInfer_edgellm_plugin.so* of your own (say which version it is
+#                 with --base-version; the package reports it as EdgeLLM_VERSION)
+#   --base none   ours alone: only AllReducePlugin is served
+# EDGELLM_BASE holds the same choice. Installs what it needs first (tools/setup.sh): cmake and
+# GoogleTest from apt, the CUDA 13.0 compiler from PyPI, TensorRT headers from the trtx-sys
+# crate; CUDA_HOME / TRT_ROOT are honoured.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-prefix=$(realpath -m "${1:-${EDGELLM_PREFIX:-$root/dist}}")
+base=${EDGELLM_BASE:-pypi}
+base_version=
+prefix=
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --base) base=${2:?--base needs pypi, none or a path}; shift 2 ;;
+    --base=*) base=${1#--base=}; shift ;;
+    --base-version) base_version=${2:?--base-version needs a version}; shift 2 ;;
+    --base-version=*) base_version=${1#--base-version=}; shift ;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    -*) echo "install.sh: unknown option $1" >&2; exit 2 ;;
+    *) prefix=$1; shift ;;
+  esac
+done
+prefix=$(realpath -m "${prefix:-${EDGELLM_PREFIX:-$root/dist}}")
 eval "$("$root/tools/setup.sh")"
-build=${EDGELLM_BUILD_DIR:-$root/build}
+
 args=(-DCMAKE_BUILD_TYPE=Release "-DCMAKE_INSTALL_PREFIX=$prefix")
+case "$base" in
+  none) args+=(-DEDGELLM_BASE_LIBRARY= -DEDGELLM_BASE_REVISION=unknown) ;;
+  pypi)
+    eval "$("$root/tools/edgellm_base.sh" ${EDGELLM_BASE_VARIANT:-})"
+    args+=("-DEDGELLM_BASE_LIBRARY=$EDGELLM_BASE_LIBRARY" "-DEDGELLM_BASE_REVISION=$EDGELLM_BASE_REVISION")
+    base_version=${base_version:-$EDGELLM_BASE_VERSION} ;;
+  *)
+    [ -f "$base" ] || { echo "install.sh: --base $base: no such file" >&2; exit 2; }
+    args+=("-DEDGELLM_BASE_LIBRARY=$(realpath "$base")" -DEDGELLM_BASE_REVISION=unknown) ;;
+esac
+args+=("-DEDGELLM_BASE_VERSION=${base_version:-0.11.0}")
+build=${EDGELLM_BUILD_DIR:-$root/build}
 [ -n "${EDGELLM_CUDA_ARCHS:-}" ] && args+=("-DEDGELLM_CUDA_ARCHS=$EDGELLM_CUDA_ARCHS")
 cmake -S "$root" -B "$build" "${args[@]}" >/dev/null
 cmake --build "$build" -j"$(nproc)"

@@ -31,6 +31,19 @@ std::vector<Registry::Entry> Registry::entries() const
     return mEntries;
 }
 
+int Registry::countIn(std::string const& ns) const
+{
+    std::lock_guard<std::mutex> lock(mMutex);
+    return static_cast<int>(
+        std::count_if(mEntries.begin(), mEntries.end(), [&](Entry const& e) { return e.nameSpace == ns; }));
+}
+
+std::vector<std::string> Registry::refused() const
+{
+    std::lock_guard<std::mutex> lock(mMutex);
+    return mRefused;
+}
+
 int Registry::count(std::string const& name, std::string const& ns) const
 {
     std::lock_guard<std::mutex> lock(mMutex);
@@ -62,7 +75,9 @@ bool Registry::registerCreator(IPluginCreatorInterface& creator, AsciiChar const
     {
         if (e.name == c->getPluginName() && e.version == c->getPluginVersion() && e.nameSpace == nameSpace)
         {
-            return false; // TensorRT refuses a second creator of the same name, version, namespace
+            // TensorRT refuses a second creator of the same name, version, namespace (and logs an error).
+            mRefused.push_back(e.name + "/" + e.version + "/" + nameSpace);
+            return false;
         }
     }
     mEntries.push_back({&creator, c->getPluginName(), c->getPluginVersion(), nameSpace});
@@ -238,4 +253,34 @@ DimsExprs ExprBuilder::dims(std::vector<int64_t> const& values)
     return d;
 }
 
+std::string ownerOf(void const* creator)
+{
+    Dl_info info{};
+    if (creator == nullptr || dladdr(*static_cast<void* const*>(creator), &info) == 0 || info.dli_fname == nullptr)
+    {
+        return "";
+    }
+    return info.dli_fname;
+}
+
 } // namespace fake
+
+extern "C"
+{
+    int fakeRegistryCount(char const* ns)
+    {
+        return fake::Registry::instance().countIn(ns);
+    }
+
+    char const* fakeRegistryOwner(char const* name, char const* ns)
+    {
+        static std::string owner;
+        owner = fake::ownerOf(fake::Registry::instance().getCreator(name, "1", ns));
+        return owner.c_str();
+    }
+
+    int fakeRegistryRefusals()
+    {
+        return static_cast<int>(fake::Registry::instance().refused().size());
+    }
+}

@@ -1,8 +1,10 @@
 // Test stand-ins for what TensorRT provides in a real process: the plugin registry (with
 // TensorRT's rules: a duplicate name/version/namespace is refused, loadLibrary registers what
-// getCreators returns), a logger, a logger finder, and an IExprBuilder. The test executable
-// exports getPluginRegistry and getInferLibMajorVersion, so the library finds them at run time
-// exactly as it finds libnvinfer's. Built against TensorRT 10 and 11 headers in turn.
+// getCreators returns), a logger, a logger finder, and an IExprBuilder. Built as
+// libnvinfer.so.<major> (against TensorRT 10 and 11 headers in turn), a stand-in for TensorRT's
+// runtime library: it exports getPluginRegistry and getInferLibMajorVersion, so this library
+// finds them at run time exactly as it finds libnvinfer's, and Edge-LLM's own plugin library
+// (which needs libnvinfer.so.<major>) loads against it.
 #pragma once
 
 #include <NvInferRuntime.h>
@@ -29,6 +31,11 @@ public:
     std::vector<Entry> entries() const;
     //! How many registered creators are called `name` in namespace `ns`.
     int count(std::string const& name, std::string const& ns) const;
+    //! How many creators are registered in namespace `ns`.
+    int countIn(std::string const& ns) const;
+    //! The registrations TensorRT would have refused as duplicates ("name/version/namespace"):
+    //! TensorRT logs an error for each.
+    std::vector<std::string> refused() const;
     //! What TensorRT's loadLibrary does: dlopen, getCreators, register each (refusing duplicates).
     bool simulateLoadLibrary(char const* path);
 
@@ -71,6 +78,7 @@ public:
 private:
     mutable std::mutex mMutex;
     std::vector<Entry> mEntries;
+    std::vector<std::string> mRefused;
     mutable std::vector<nvinfer1::IPluginCreatorInterface*> mList;
 };
 
@@ -114,4 +122,18 @@ private:
     std::unique_ptr<Impl> mOwned;
 };
 
+//! The file of the library a creator's code lives in (its vtable's), "" if unknown.
+std::string ownerOf(void const* creator);
+
 } // namespace fake
+
+// For tests in other languages (Python's ctypes): the registry's contents.
+extern "C"
+{
+    //! Creators registered in namespace `ns`.
+    int fakeRegistryCount(char const* ns);
+    //! The file of the library whose creator is registered as `name` version "1" in `ns`, "" if none.
+    char const* fakeRegistryOwner(char const* name, char const* ns);
+    //! Registrations refused as duplicates so far.
+    int fakeRegistryRefusals();
+}

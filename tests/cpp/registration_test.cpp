@@ -86,10 +86,10 @@ TEST(Registration, GetPluginCreatorsHasNoV2Creators)
     EXPECT_EQ(n, 0);
 }
 
-TEST(Registration, AnotherLibrarysCreatorIsNotReplaced)
+TEST(Registration, AnotherLibrarysCreatorIsReplacedWithAWarning)
 {
-    // A creator of the same name already in a namespace (Edge-LLM's own library, say) makes
-    // initEdgellmPlugins fail clearly instead of replacing it.
+    // A creator of the same name already in a namespace (an Edge-LLM library loaded before this
+    // one, say): ours wins AllReducePlugin whatever the order, with a warning naming the library.
     struct Other final : public IPluginCreatorV3One
     {
         char const* getPluginName() const noexcept override { return "AllReducePlugin"; }
@@ -105,7 +105,12 @@ TEST(Registration, AnotherLibrarysCreatorIsNotReplaced)
     ASSERT_TRUE(fake::Registry::instance().registerCreator(other, "other"));
     testLogger().clear();
     auto init = testlib::symbol<bool (*)(void*, char const*)>("initEdgellmPlugins");
-    EXPECT_FALSE(init(&testLogger(), "other"));
-    EXPECT_TRUE(testLogger().saw("already registered by another library"));
-    EXPECT_EQ(fake::Registry::instance().getCreator("AllReducePlugin", "1", "other"), &other);
+    EXPECT_TRUE(init(&testLogger(), "other"));
+    EXPECT_TRUE(testLogger().saw("is replaced by edgellm-allreduce's"));
+    EXPECT_TRUE(testLogger().saw("2: ")) << "logged with severity kWARNING";
+    IPluginCreatorInterface* now = fake::Registry::instance().getCreator("AllReducePlugin", "1", "other");
+    EXPECT_NE(now, &other);
+    EXPECT_EQ(now, testlib::creator("other"));
+    EXPECT_STREQ(testlib::creator("other")->getPluginNamespace(), "other");
+    EXPECT_EQ(fake::Registry::instance().count("AllReducePlugin", "other"), 1);
 }

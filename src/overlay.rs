@@ -1,0 +1,267 @@
+//! The overlay: Edge-LLM's own plugin library (the *base*) loaded beside this one, so that the
+//! one file Edge-LLM's runtime loads serves every plugin of the original, this library serving
+//! `AllReducePlugin`.
+//!
+//! The base is, in this order: an Edge-LLM plugin library that registered `AllReducePlugin`
+//! before this one was loaded (it is adopted, not loaded twice); `EDGELLM_ALLREDUCE_BASE_LIBRARY`
+//! (a path; `none` turns the overlay off); `libNvInfer_edgellm_plugin_base.so` beside this
+//! library (where `tools/install.sh` puts it). It is opened `RTLD_NOW | RTLD_LOCAL |
+//! RTLD_NODELETE` when this library is loaded, so its static registrations fill TensorRT's
+//! registry first and `cpp/registration.cpp` then replaces its `AllReducePlugin` creator with
+//! ours. Its C exports are reached through the handle (never through the global scope, where
+//! ours have the same names), and `abi` forwards Edge-LLM's C ABI to them.
+
+use crate::error::{Error, Result};
+use crate::{loader, log};
+use libloading::os::unix::{Library, RTLD_LOCAL, RTLD_NOW};
+use std::ffi::{c_char, c_int, c_void, OsStr};
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+/// The file name of the base when it is installed beside this library.
+pub const BASE_FILE_NAME: &str = "libNvInfer_edgellm_plugin_base.so";
+/// The setting that names the base (a path) or turns the overlay off (`none`).
+pub const BASE_ENV: &str = "EDGELLM_ALLREDUCE_BASE_LIBRARY";
+
+/// Edge-LLM's C ABI as the base exports it; each is absent where that Edge-LLM version lacks it.
+#[derive(Default)]
+pub(crate) struct BaseApi {
+    pub init: Option<unsafe extern "C" fn(*mut c_void, *const c_char) -> bool>,
+    pub register_nccl: Option<unsafe extern "C" fn(c_int, *mut c_void, *mut c_void) -> bool>,
+    pub unregister_nccl: Option<unsafe extern "C" fn(c_int, *mut c_void) -> bool>,
+    /// 0.11: `(deviceId, resourceId, weight, scale, outFeatures, inFeatures, scaleCols)`.
+    pub register_nvfp4_weight:
+        Option<unsafe extern "C" fn(i32, i32, *const c_void, *const c_void, i32, i32, i32) -> bool>,
+    pub unregister_nvfp4_weight: Option<unsafe extern "C" fn(i32, i32) -> bool>,
+    /// 0.10: `(nvinfer1::INetworkDefinition*, pagesPerSlot)`.
+    pub dflash_configure_pages_per_slot: Option<unsafe extern "C" fn(*mut c_void, i32) -> bool>,
+}
+
+/// The loaded base.
+pub(crate) struct Base {
+    pub path: PathBuf,
+    /// The base's load address: creators whose vtable lies in this object are the base's.
+    pub address: usize,
+    pub api: BaseApi,
+    // Kept for the life of the process (the base is RTLD_NODELETE anyway: TensorRT holds its creators).
+    _library: Library,
+}
+
+/// Where the base comes from.
+#[derive(Debug, PartialEq, Eq)]
+enum Source {
+    Off,
+    Preloaded(PathBuf),
+    Configured(PathBuf),
+    Beside(PathBuf),
+    Missing(Option<PathBuf>),
+}
+
+/// The overlay's state: the base, or why there is none (for the errors of forwarded calls).
+struct State {
+    base: Option<Base>,
+    absent: String,
+}
+
+static STATE: OnceLock<State> = OnceLock::new();
+
+/// Finds and loads the base once per process (later calls return the first outcome).
+/// `preloaded` is the file of an Edge-LLM library whose `AllReducePlugin` creator was registered
+/// before ours. Logs one line: which base serves the other plugins, or why none does.
+pub(crate) fn load(preloaded: Option<&Path>) -> Option<&'static Base> {
+    STATE
+        .get_or_init(|| {
+            let own = loader::this_object();
+            let setting = std::env::var_os(BASE_ENV);
+            let beside = own.as_ref().and_then(|(file, _)| Some(file.parent()?.join(BASE_FILE_NAME)));
+            let source = choose(setting.as_deref(), preloaded, beside);
+            let outcome = open(&source, own.map_or(0, |(_, address)| address));
+            match &outcome {
+                Ok(base) => log::info(&format!(
+                    "Edge-LLM's plugin library {} serves every plugin but AllReducePlugin, which this library serves",
+                    base.path.display()
+                )),
+                Err(why) if source == Source::Off => log::info(why),
+                Err(why) => log::warning(why),
+            }
+            match outcome {
+                Ok(base) => State { base: Some(base), absent: String::new() },
+                Err(why) => State { base: None, absent: why },
+            }
+        })
+        .base
+        .as_ref()
+}
+
+/// The base, loading it if this library's initialiser has not (a process that links it statically).
+pub(crate) fn base() -> Option<&'static Base> {
+    load(None)
+}
+
+/// The base's export that `pick` selects, or an error naming `function` and why it is unavailable.
+pub(crate) fn function<T>(function: &'static str, pick: impl FnOnce(&'static BaseApi) -> Option<T>) -> Result<T> {
+    let why = match base() {
+        Some(b) => match pick(&b.api) {
+            Some(f) => return Ok(f),
+            None => format!("{} does not export it (an Edge-LLM version without it)", b.path.display()),
+        },
+        None => STATE.get().map_or_else(String::new, |s| s.absent.clone()),
+    };
+    Err(Error::BaseUnavailable { function, why })
+}
+
+/// Makes this library's exports visible to `dlsym(RTLD_DEFAULT, ...)` even when the process
+/// loaded it `RTLD_LOCAL` (Edge-LLM's C++ runtime resolves `edgellmRegisterNcclCommForAllReducePlugin`
+/// and `edgellmRegisterFusedNvfp4WeightResource` that way), and keeps it loaded: TensorRT holds
+/// its creators until the process ends.
+pub(crate) fn promote_to_global_scope() {
+    let Some((own, _)) = loader::this_object() else { return };
+    match loader::already_loaded(&own, libc::RTLD_GLOBAL | libc::RTLD_NODELETE) {
+        // The handle is never closed: the promotion and the reference are for the process's life.
+        Some(handle) => std::mem::forget(handle),
+        None => log::verbose(&format!("{} is not a loaded shared library: nothing to promote", own.display())),
+    }
+}
+
+fn choose(setting: Option<&OsStr>, preloaded: Option<&Path>, beside: Option<PathBuf>) -> Source {
+    let setting = setting.filter(|s| !s.is_empty());
+    if setting == Some(OsStr::new("none")) {
+        return Source::Off;
+    }
+    if let Some(path) = preloaded {
+        return Source::Preloaded(path.to_owned());
+    }
+    match (setting, beside) {
+        (Some(path), _) => Source::Configured(PathBuf::from(path)),
+        (None, Some(path)) if path.exists() => Source::Beside(path),
+        (None, looked) => Source::Missing(looked),
+    }
+}
+
+/// Loads (or adopts) the base of `source`; the error says why there is none. `own` is this
+/// library's load address, so that it is never its own base.
+fn open(source: &Source, own: usize) -> std::result::Result<Base, String> {
+    let (path, library) = match source {
+        Source::Off => return Err(format!("{BASE_ENV}=none: the overlay is off, only AllReducePlugin is served")),
+        Source::Missing(looked) => {
+            let looked = looked.as_ref().map_or_else(String::new, |p| format!(" (looked for {})", p.display()));
+            return Err(format!(
+                "no Edge-LLM plugin library to serve the plugins other than AllReducePlugin{looked}: install one \
+                 with tools/install.sh --base, or name it in {BASE_ENV} (none: serve AllReducePlugin alone)"
+            ));
+        }
+        Source::Preloaded(path) => {
+            let library = loader::already_loaded(path, libc::RTLD_NODELETE)
+                .ok_or_else(|| format!("{} registered AllReducePlugin but is no longer loaded", path.display()))?;
+            (path, library)
+        }
+        Source::Configured(path) | Source::Beside(path) => {
+            // SAFETY: this runs the base's initialisers, Edge-LLM's static plugin registrations,
+            // exactly as loading that library on its own would.
+            let library = unsafe { Library::open(Some(path), RTLD_NOW | RTLD_LOCAL | libc::RTLD_NODELETE) }
+                .map_err(|e| {
+                    // The loader's own words (dlerror) are the error's source.
+                    let reason = std::error::Error::source(&e).map_or_else(|| e.to_string(), |s| s.to_string());
+                    format!(
+                        "Edge-LLM's plugin library {} could not be loaded, only AllReducePlugin is served: {reason}",
+                        path.display()
+                    )
+                })?;
+            (path, library)
+        }
+    };
+    let api = BaseApi::resolve(&library);
+    let Some(init) = api.init else {
+        return Err(format!("{} is not an Edge-LLM plugin library (it exports no initEdgellmPlugins)", path.display()));
+    };
+    // SAFETY: reading a symbol's address; `edgellmAllReduceCustomRanks` is this project's export.
+    if unsafe { library.get::<*const c_void>(b"edgellmAllReduceCustomRanks\0") }.is_ok() {
+        return Err(format!("{} is edgellm-allreduce, not Edge-LLM's own plugin library", path.display()));
+    }
+    let address = loader::object_of(init as usize).map_or(0, |(_, a)| a);
+    if address == own {
+        return Err(format!("{} is this library itself, not Edge-LLM's own plugin library", path.display()));
+    }
+    Ok(Base { path: path.clone(), address, api, _library: library })
+}
+
+impl BaseApi {
+    fn resolve(library: &Library) -> BaseApi {
+        fn get<T: Copy>(library: &Library, name: &[u8]) -> Option<T> {
+            // SAFETY: `T` is the C signature Edge-LLM declares for `name`; the library stays
+            // loaded for the process's life, so the copied pointer stays valid.
+            unsafe { library.get::<T>(name) }.ok().map(|symbol| *symbol)
+        }
+        BaseApi {
+            init: get(library, b"initEdgellmPlugins\0"),
+            register_nccl: get(library, b"edgellmRegisterNcclCommForAllReducePlugin\0"),
+            unregister_nccl: get(library, b"edgellmUnregisterNcclCommForAllReducePlugin\0"),
+            register_nvfp4_weight: get(library, b"edgellmRegisterFusedNvfp4WeightResource\0"),
+            unregister_nvfp4_weight: get(library, b"edgellmUnregisterFusedNvfp4WeightResource\0"),
+            dflash_configure_pages_per_slot: get(library, b"edgellm_dflash_configure_pages_per_slot\0"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn os(s: &str) -> Option<&OsStr> {
+        Some(OsStr::new(s))
+    }
+
+    #[test]
+    fn none_turns_the_overlay_off_whatever_else_is_there() {
+        let pre = PathBuf::from("/pre/libNvInfer_edgellm_plugin.so");
+        assert_eq!(choose(os("none"), Some(&pre), None), Source::Off);
+    }
+
+    #[test]
+    fn a_library_loaded_first_is_adopted_before_any_setting() {
+        let pre = PathBuf::from("/pre/libNvInfer_edgellm_plugin.so");
+        assert_eq!(choose(os("/elsewhere.so"), Some(&pre), None), Source::Preloaded(pre.clone()));
+        assert_eq!(choose(None, Some(&pre), None), Source::Preloaded(pre));
+    }
+
+    #[test]
+    fn the_setting_comes_before_the_file_beside_and_empty_means_unset() {
+        let dir = std::env::temp_dir().join(format!("overlay-choose-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let beside = dir.join(BASE_FILE_NAME);
+        assert_eq!(choose(None, None, Some(beside.clone())), Source::Missing(Some(beside.clone())));
+        std::fs::write(&beside, b"").unwrap();
+        assert_eq!(choose(os("/b.so"), None, Some(beside.clone())), Source::Configured(PathBuf::from("/b.so")));
+        assert_eq!(choose(os(""), None, Some(beside.clone())), Source::Beside(beside.clone()));
+        assert_eq!(choose(None, None, None), Source::Missing(None));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_file_that_is_not_a_library_is_refused_with_the_loaders_message() {
+        let dir = std::env::temp_dir().join(format!("overlay-open-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let bogus = dir.join("libbogus.so");
+        std::fs::write(&bogus, b"not an ELF file").unwrap();
+        let why = open(&Source::Configured(bogus.clone()), 0).err().unwrap();
+        assert!(why.contains(&bogus.display().to_string()) && why.contains("could not be loaded"), "{why}");
+        let missing = open(&Source::Configured(dir.join("absent.so")), 0).err().unwrap();
+        assert!(missing.contains("absent.so"), "{missing}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_library_without_edgellms_abi_is_not_a_base() {
+        // libc is loaded in every process and exports no initEdgellmPlugins.
+        let libc_path = loader::object_of(libc::malloc as *const () as usize).unwrap().0;
+        let why = open(&Source::Configured(libc_path), 0).err().unwrap();
+        assert!(why.contains("is not an Edge-LLM plugin library"), "{why}");
+    }
+
+    #[test]
+    fn off_and_missing_say_what_to_do() {
+        assert!(open(&Source::Off, 0).err().unwrap().contains("none"));
+        let why = open(&Source::Missing(Some(PathBuf::from("/x/base.so"))), 0).err().unwrap();
+        assert!(why.contains("/x/base.so") && why.contains("tools/install.sh --base") && why.contains(BASE_ENV), "{why}");
+    }
+}
