@@ -33,6 +33,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace trt_edgellm
@@ -166,6 +167,31 @@ Owner ownerOf(void const* object) noexcept
     return {info.dli_fname, reinterpret_cast<uintptr_t>(info.dli_fbase)};
 }
 
+//! A creator of the base, as registered in a namespace other than "": its own object stays the
+//! one registered in "" (by the base itself), so that every registration has an object of its
+//! own and withdrawing one (getCreators, deregisterCreator) can never take another namespace's.
+class NamespacedCreator final : public IPluginCreatorV3One
+{
+public:
+    NamespacedCreator(IPluginCreatorV3One& base, std::string ns)
+        : mBase(base)
+        , mNamespace(std::move(ns))
+    {
+    }
+    char const* getPluginName() const noexcept override { return mBase.getPluginName(); }
+    char const* getPluginVersion() const noexcept override { return mBase.getPluginVersion(); }
+    char const* getPluginNamespace() const noexcept override { return mNamespace.c_str(); }
+    PluginFieldCollection const* getFieldNames() noexcept override { return mBase.getFieldNames(); }
+    IPluginV3* createPlugin(char const* name, PluginFieldCollection const* fc, TensorRTPhase phase) noexcept override
+    {
+        return mBase.createPlugin(name, fc, phase);
+    }
+
+private:
+    IPluginCreatorV3One& mBase;
+    std::string mNamespace;
+};
+
 //! One creator per plugin namespace. Whether one is registered is asked of the registry itself
 //! (getCreator), so every way in sees what the others did. Function-local so that it exists
 //! before the static registrar below runs, whatever the initialization order.
@@ -174,6 +200,7 @@ struct Creators
     std::mutex mutex;
     std::map<std::string, std::unique_ptr<AllReducePluginCreator>> byNamespace;
     std::vector<IPluginCreatorInterface*> base; //!< the base's creators but its AllReducePlugin
+    std::vector<std::unique_ptr<NamespacedCreator>> namespaced; //!< the base's, in namespaces other than ""
 
     AllReducePluginCreator& get(std::string const& ns)
     {
@@ -241,8 +268,12 @@ bool registerLocked(Creators& c, void* registry, std::string const& ns)
         for (IPluginCreatorInterface* b : c.baseCreators(registry))
         {
             IPluginCreatorV3One* v3 = asV3One(b);
-            if (registryGet(registry, v3->getPluginName(), v3->getPluginVersion(), ns.c_str()) == nullptr
-                && !registryRegister(registry, *b, ns.c_str()))
+            if (registryGet(registry, v3->getPluginName(), v3->getPluginVersion(), ns.c_str()) != nullptr)
+            {
+                continue;
+            }
+            c.namespaced.push_back(std::make_unique<NamespacedCreator>(*v3, ns));
+            if (!registryRegister(registry, *c.namespaced.back(), ns.c_str()))
             {
                 ffi::log_warning(std::string("TensorRT refused to register Edge-LLM's ") + v3->getPluginName()
                     + " in namespace \"" + ns + "\"");

@@ -7,6 +7,7 @@
 #include "fake_tensorrt.h"
 
 #include <NvInferRuntime.h>
+#include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
 #include <dlfcn.h>
@@ -49,15 +50,17 @@ std::string canonical(std::string const& path)
     return realpath(path.c_str(), buffer) != nullptr ? std::string(buffer) : path;
 }
 
-char const* ourPath()
-{
-    return EDGELLM_PLUGIN_PATH;
-}
-
 std::string env(char const* name)
 {
     char const* value = std::getenv(name);
     return value != nullptr ? value : "";
+}
+
+//! The library under test: $EDGELLM_PLUGIN_PATH (as Edge-LLM's runtime reads it), else the build's.
+char const* ourPath()
+{
+    static std::string const path = env("EDGELLM_PLUGIN_PATH").empty() ? EDGELLM_PLUGIN_PATH : env("EDGELLM_PLUGIN_PATH");
+    return path.c_str();
 }
 
 //! What the process writes to stderr while it lives (this library logs there until it has a logger).
@@ -129,7 +132,14 @@ void expectEveryCreatorIn(char const* ns)
     }
     EXPECT_EQ(registry.countIn(ns), static_cast<int>(kEdgeLlm011Creators.size()));
     EXPECT_EQ(ownerOf("AllReducePlugin", ns), canonical(ourPath())) << "ours serves AllReducePlugin";
-    EXPECT_EQ(ownerOf("RmsNormPlugin", ns), canonical(env("EDGELLM_OVERLAY_TEST_BASE")));
+    // The others are the base's: in "" its own creators, elsewhere ours forwarding to them.
+    auto* rms = static_cast<IPluginCreatorV3One*>(registry.getCreator("RmsNormPlugin", "1", ns));
+    ASSERT_NE(rms, nullptr);
+    EXPECT_STREQ(rms->getPluginNamespace(), ns);
+    if (std::string(ns).empty())
+    {
+        EXPECT_EQ(ownerOf("RmsNormPlugin", ns), canonical(env("EDGELLM_OVERLAY_TEST_BASE")));
+    }
 }
 
 void expectNoDuplicateRegistration()
@@ -230,10 +240,11 @@ TEST(OverlayRuntime, EveryCreatorFindableOursServesAllReduce)
     EXPECT_TRUE(logger.saw("edgellm_dflash_configure_pages_per_slot")) << "the refusal names the function";
     EXPECT_TRUE(logger.saw("does not export it"));
 
-    // A namespace: ours and every creator of the base registered there too.
+    // A namespace: ours and every creator of the base registered there too, and working.
     EXPECT_TRUE(init(&logger, "edgellm"));
     expectEveryCreatorIn("edgellm");
     expectNoDuplicateRegistration();
+    expectBasePluginLifecycle("edgellm");
     EXPECT_TRUE(init(&logger, "edgellm")) << "a second call is not an error";
     expectNoDuplicateRegistration();
 }
@@ -314,4 +325,64 @@ TEST(OverlayMissing, OneWarningAndOursAlone)
     std::string const text = log.text();
     EXPECT_EQ(occurrences(text, "no Edge-LLM plugin library"), 1);
     EXPECT_NE(text.find("libNvInfer_edgellm_plugin_base.so"), std::string::npos) << "it says where it looked";
+}
+
+// On a GPU (the H200 run, with the real CUDA libraries under the base): ours runs AllReducePlugin
+// (tp_size 1: a copy on the stream) while the base serves the rest.
+TEST(OverlayGpu, OursEnqueuesBesideTheBase)
+{
+    int devices = 0;
+    if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0)
+    {
+        GTEST_SKIP() << "no CUDA device";
+    }
+    void* ours = loadAsEdgeLlmRuntime();
+    ASSERT_NE(ours, nullptr);
+    static fake::Logger logger;
+    ASSERT_TRUE(reinterpret_cast<Init>(dlsym(ours, "initEdgellmPlugins"))(&logger, ""));
+    expectEveryCreatorIn("");
+    expectBasePluginLifecycle("");
+
+    auto* creator = static_cast<IPluginCreatorV3One*>(fake::Registry::instance().getCreator("AllReducePlugin", "1", ""));
+    ASSERT_NE(creator, nullptr);
+    int32_t const tpSize = 1;
+    PluginField field{"tp_size", &tpSize, PluginFieldType::kINT32, 1};
+    PluginFieldCollection fc{1, &field};
+    IPluginV3* plugin = creator->createPlugin("allreduce", &fc, TensorRTPhase::kRUNTIME);
+    ASSERT_NE(plugin, nullptr);
+    auto* runtime = static_cast<IPluginV3OneRuntime*>(plugin->getCapabilityInterface(PluginCapabilityType::kRUNTIME));
+    ASSERT_NE(runtime, nullptr);
+
+    int64_t const count = 4096;
+    std::vector<uint16_t> host(count);
+    for (int64_t i = 0; i < count; ++i)
+    {
+        host[i] = static_cast<uint16_t>(0x3c00 + (i % 1000)); // fp16 values from 1.0 up
+    }
+    size_t const bytes = host.size() * sizeof(uint16_t);
+    void* in = nullptr;
+    void* out = nullptr;
+    cudaStream_t stream{};
+    ASSERT_EQ(cudaMalloc(&in, bytes), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&out, bytes), cudaSuccess);
+    ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(in, host.data(), bytes, cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(cudaMemset(out, 0, bytes), cudaSuccess);
+    PluginTensorDesc desc{};
+    desc.dims.nbDims = 2;
+    desc.dims.d[0] = 1;
+    desc.dims.d[1] = count;
+    desc.type = DataType::kHALF;
+    desc.format = TensorFormat::kLINEAR;
+    void const* ins[1] = {in};
+    void* outs[1] = {out};
+    EXPECT_EQ(runtime->enqueue(&desc, &desc, ins, outs, nullptr, stream), 0);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    std::vector<uint16_t> got(count);
+    ASSERT_EQ(cudaMemcpy(got.data(), out, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_EQ(got, host);
+    delete plugin;
+    cudaStreamDestroy(stream);
+    cudaFree(in);
+    cudaFree(out);
 }

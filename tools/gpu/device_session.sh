@@ -7,6 +7,8 @@ OUT=${OUT:-/tmp/edgellm-out}; mkdir -p "$OUT"
 export CUDA_DEVICE_MAX_CONNECTIONS=32 NCCL_NVLS_ENABLE=0
 echo "== gtest suite"
 tools/gpu/run_gpu_tests.sh .carry 2>&1 | tee "$OUT/gtest.txt"
+echo "== overlay: Edge-LLM 0.11's own library as the base"
+tools/gpu/overlay_check.sh .carry 2>&1 | tee "$OUT/overlay.txt"
 echo "== Rust: the library's launch path on simulated ranks"
 timeout 300 .carry/rust_gpu_simulated_ranks --nocapture --test-threads 1 >"$OUT/rust_gpu.log" 2>&1
 echo "rc=$?"; grep -E "cases passed|test result|panicked|HANG" "$OUT/rust_gpu.log" | head
