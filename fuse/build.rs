@@ -9,20 +9,8 @@ fn main() {
     let proto2 = std::fs::read_to_string("proto/onnx.proto").expect("proto/onnx.proto is vendored");
     let proto3: String = proto2
         .lines()
-        .map(|l| {
-            if l.trim_start().starts_with("optional ") {
-                l.replacen("optional ", "", 1)
-            } else {
-                l.to_owned()
-            }
-        })
-        .map(|l| {
-            if l.trim() == "syntax = \"proto2\";" {
-                "syntax = \"proto3\";".to_owned()
-            } else {
-                l
-            }
-        })
+        .map(|l| if l.trim_start().starts_with("optional ") { l.replacen("optional ", "", 1) } else { l.to_owned() })
+        .map(|l| if l.trim() == "syntax = \"proto2\";" { "syntax = \"proto3\";".to_owned() } else { l })
         .collect::<Vec<_>>()
         .join("\n");
     let dir = out.join("proto3");

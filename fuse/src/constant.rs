@@ -23,48 +23,22 @@ pub fn raw_bytes(t: &TensorProto, data_dir: &Path) -> Result<Vec<u8>> {
     if !is_external(t) {
         return Ok(t.raw_data.clone());
     }
-    let err = |reason: String| Error::ExternalData {
-        tensor: t.name.clone(),
-        reason,
-    };
-    let entry = |key: &str| {
-        t.external_data
-            .iter()
-            .find(|e| e.key == key)
-            .map(|e| e.value.as_str())
-    };
+    let err = |reason: String| Error::ExternalData { tensor: t.name.clone(), reason };
+    let entry = |key: &str| t.external_data.iter().find(|e| e.key == key).map(|e| e.value.as_str());
     let location = entry("location").ok_or_else(|| err("no location".into()))?;
     let number = |key: &str| -> Result<Option<u64>> {
-        entry(key)
-            .map(|v| {
-                v.parse::<u64>()
-                    .map_err(|_| err(format!("{key} '{v}' is not a number")))
-            })
-            .transpose()
+        entry(key).map(|v| v.parse::<u64>().map_err(|_| err(format!("{key} '{v}' is not a number")))).transpose()
     };
     let (offset, length) = (number("offset")?.unwrap_or(0), number("length")?);
     let path = data_dir.join(location);
     let bytes = std::fs::read(&path).map_err(|e| err(format!("{}: {e}", path.display())))?;
     let start = usize::try_from(offset).ok().filter(|&s| s <= bytes.len());
-    let start = start.ok_or_else(|| {
-        err(format!(
-            "offset {offset} is past the end of {}",
-            path.display()
-        ))
-    })?;
+    let start = start.ok_or_else(|| err(format!("offset {offset} is past the end of {}", path.display())))?;
     let end = match length {
-        Some(n) => usize::try_from(n)
-            .ok()
-            .and_then(|n| start.checked_add(n))
-            .filter(|&e| e <= bytes.len()),
+        Some(n) => usize::try_from(n).ok().and_then(|n| start.checked_add(n)).filter(|&e| e <= bytes.len()),
         None => Some(bytes.len()),
     };
-    let end = end.ok_or_else(|| {
-        err(format!(
-            "offset + length is past the end of {}",
-            path.display()
-        ))
-    })?;
+    let end = end.ok_or_else(|| err(format!("offset + length is past the end of {}", path.display())))?;
     Ok(bytes[start..end].to_vec())
 }
 
@@ -84,27 +58,19 @@ pub fn as_f64(t: &TensorProto, data_dir: &Path) -> Result<Option<Vec<f64>>> {
             dtype::FLOAT => from_raw(4, &|b| f32::from_le_bytes(b.try_into().unwrap()) as f64),
             dtype::DOUBLE => from_raw(8, &|b| f64::from_le_bytes(b.try_into().unwrap())),
             dtype::FLOAT16 => from_raw(2, &|b| f16::from_le_bytes(b.try_into().unwrap()).to_f64()),
-            dtype::BFLOAT16 => {
-                from_raw(2, &|b| bf16::from_le_bytes(b.try_into().unwrap()).to_f64())
-            }
+            dtype::BFLOAT16 => from_raw(2, &|b| bf16::from_le_bytes(b.try_into().unwrap()).to_f64()),
             dtype::INT32 => from_raw(4, &|b| i32::from_le_bytes(b.try_into().unwrap()) as f64),
             dtype::INT64 => from_raw(8, &|b| i64::from_le_bytes(b.try_into().unwrap()) as f64),
             _ => None,
         }
     } else {
         match t.data_type {
-            dtype::FLOAT => {
-                (t.float_data.len() == n).then(|| t.float_data.iter().map(|&v| v as f64).collect())
-            }
+            dtype::FLOAT => (t.float_data.len() == n).then(|| t.float_data.iter().map(|&v| v as f64).collect()),
             dtype::DOUBLE => (t.double_data.len() == n).then(|| t.double_data.clone()),
             dtype::FLOAT16 => half_bits(&t.int32_data, |b| f16::from_bits(b).to_f64()),
             dtype::BFLOAT16 => half_bits(&t.int32_data, |b| bf16::from_bits(b).to_f64()),
-            dtype::INT32 => {
-                (t.int32_data.len() == n).then(|| t.int32_data.iter().map(|&v| v as f64).collect())
-            }
-            dtype::INT64 => {
-                (t.int64_data.len() == n).then(|| t.int64_data.iter().map(|&v| v as f64).collect())
-            }
+            dtype::INT32 => (t.int32_data.len() == n).then(|| t.int32_data.iter().map(|&v| v as f64).collect()),
+            dtype::INT64 => (t.int64_data.len() == n).then(|| t.int64_data.iter().map(|&v| v as f64).collect()),
             _ => None,
         }
     };
@@ -118,35 +84,15 @@ pub fn scalar(t: &TensorProto, data_dir: &Path) -> Result<Option<f64>> {
 
 /// `t` converted to `to` (FLOAT16, BFLOAT16 or FLOAT), rounding to nearest even, as an inline
 /// tensor named `name` with `t`'s shape.
-pub fn converted(
-    t: &TensorProto,
-    to: i32,
-    name: &str,
-    data_dir: &Path,
-) -> Result<Option<TensorProto>> {
+pub fn converted(t: &TensorProto, to: i32, name: &str, data_dir: &Path) -> Result<Option<TensorProto>> {
     let Some(values) = as_f64(t, data_dir)? else {
         return Ok(None);
     };
     let raw_data: Vec<u8> = match to {
-        dtype::FLOAT16 => values
-            .iter()
-            .flat_map(|&v| f16::from_f64(v).to_le_bytes())
-            .collect(),
-        dtype::BFLOAT16 => values
-            .iter()
-            .flat_map(|&v| bf16::from_f64(v).to_le_bytes())
-            .collect(),
-        dtype::FLOAT => values
-            .iter()
-            .flat_map(|&v| (v as f32).to_le_bytes())
-            .collect(),
+        dtype::FLOAT16 => values.iter().flat_map(|&v| f16::from_f64(v).to_le_bytes()).collect(),
+        dtype::BFLOAT16 => values.iter().flat_map(|&v| bf16::from_f64(v).to_le_bytes()).collect(),
+        dtype::FLOAT => values.iter().flat_map(|&v| (v as f32).to_le_bytes()).collect(),
         _ => return Ok(None),
     };
-    Ok(Some(TensorProto {
-        name: name.to_owned(),
-        dims: t.dims.clone(),
-        data_type: to,
-        raw_data,
-        ..Default::default()
-    }))
+    Ok(Some(TensorProto { name: name.to_owned(), dims: t.dims.clone(), data_type: to, raw_data, ..Default::default() }))
 }

@@ -5,8 +5,8 @@ use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
 use crate::proto::{
-    attribute_proto::AttributeType, tensor_shape_proto::dimension, type_proto, AttributeProto,
-    GraphProto, NodeProto, TensorProto, ValueInfoProto,
+    attribute_proto::AttributeType, tensor_shape_proto::dimension, type_proto, AttributeProto, GraphProto, NodeProto,
+    TensorProto, ValueInfoProto,
 };
 
 use crate::constant;
@@ -74,27 +74,10 @@ impl<'g> GraphIndex<'g> {
             }
         }
         escapes.extend(graph.output.iter().map(|o| o.name.as_str()));
-        let initializers = graph
-            .initializer
-            .iter()
-            .map(|t| (t.name.as_str(), t))
-            .collect();
-        let declared = graph
-            .value_info
-            .iter()
-            .chain(&graph.input)
-            .chain(&graph.output)
-            .map(|v| (v.name.as_str(), v))
-            .collect();
-        GraphIndex {
-            graph,
-            data_dir,
-            producer,
-            consumers,
-            escapes,
-            initializers,
-            declared,
-        }
+        let initializers = graph.initializer.iter().map(|t| (t.name.as_str(), t)).collect();
+        let declared =
+            graph.value_info.iter().chain(&graph.input).chain(&graph.output).map(|v| (v.name.as_str(), v)).collect();
+        GraphIndex { graph, data_dir, producer, consumers, escapes, initializers, declared }
     }
 
     pub fn data_dir(&self) -> &Path {
@@ -130,9 +113,7 @@ impl<'g> GraphIndex<'g> {
             return (!overridable).then(|| t.clone());
         }
         let node = self.node(self.producer(value)?);
-        (node.op_type == "Constant" && node.domain.is_empty())
-            .then(|| constant_node_value(node))
-            .flatten()
+        (node.op_type == "Constant" && node.domain.is_empty()).then(|| constant_node_value(node)).flatten()
     }
 
     /// A constant's elements as f64, if it is a numeric constant.
@@ -144,10 +125,7 @@ impl<'g> GraphIndex<'g> {
     }
 
     pub fn constant_scalar(&self, value: &str) -> Result<Option<f64>> {
-        Ok(self
-            .constant_values(value)?
-            .filter(|v| v.len() == 1)
-            .map(|v| v[0]))
+        Ok(self.constant_values(value)?.filter(|v| v.len() == 1).map(|v| v[0]))
     }
 
     /// The element type: declared (value_info, graph input/output, initializer), else inferred
@@ -157,12 +135,7 @@ impl<'g> GraphIndex<'g> {
     }
 
     fn elem_type_within(&self, value: &str, depth: u32) -> Option<i32> {
-        if let Some(t) = self
-            .declared
-            .get(value)
-            .and_then(|v| tensor_type(v))
-            .map(|t| t.elem_type)
-            .filter(|&t| t != 0)
+        if let Some(t) = self.declared.get(value).and_then(|v| tensor_type(v)).map(|t| t.elem_type).filter(|&t| t != 0)
         {
             return Some(t);
         }
@@ -175,15 +148,11 @@ impl<'g> GraphIndex<'g> {
         }
         match node.op_type.as_str() {
             "Cast" => int_attr(node, "to").map(|t| t as i32),
-            "RMSNormalization" => node
-                .input
-                .get(1)
-                .and_then(|s| self.elem_type_within(s, depth - 1)),
-            "AllReducePlugin" | "Add" | "Sub" | "Mul" | "Div" | "Pow" | "Sqrt" | "Reciprocal"
-            | "Rsqrt" | "ReduceMean" | "Identity" | "Reshape" => node
-                .input
-                .first()
-                .and_then(|s| self.elem_type_within(s, depth - 1)),
+            "RMSNormalization" => node.input.get(1).and_then(|s| self.elem_type_within(s, depth - 1)),
+            "AllReducePlugin" | "Add" | "Sub" | "Mul" | "Div" | "Pow" | "Sqrt" | "Reciprocal" | "Rsqrt"
+            | "ReduceMean" | "Identity" | "Reshape" => {
+                node.input.first().and_then(|s| self.elem_type_within(s, depth - 1))
+            }
             _ => None,
         }
     }
@@ -201,16 +170,13 @@ impl<'g> GraphIndex<'g> {
                     .iter()
                     .map(|d| match &d.value {
                         Some(dimension::Value::DimValue(n)) => Dim::Fixed(*n),
-                        Some(dimension::Value::DimParam(s)) if !s.is_empty() => {
-                            Dim::Named(s.clone())
-                        }
+                        Some(dimension::Value::DimParam(s)) if !s.is_empty() => Dim::Named(s.clone()),
                         _ => Dim::Unknown,
                     })
                     .collect(),
             );
         }
-        self.constant(value)
-            .map(|t| t.dims.iter().map(|&d| Dim::Fixed(d)).collect())
+        self.constant(value).map(|t| t.dims.iter().map(|&d| Dim::Fixed(d)).collect())
     }
 }
 
@@ -226,58 +192,36 @@ pub fn attr<'n>(node: &'n NodeProto, name: &str) -> Option<&'n AttributeProto> {
 }
 
 pub fn int_attr(node: &NodeProto, name: &str) -> Option<i64> {
-    attr(node, name)
-        .filter(|a| a.type_.value() == AttributeType::INT as i32)
-        .map(|a| a.i)
+    attr(node, name).filter(|a| a.type_.value() == AttributeType::INT as i32).map(|a| a.i)
 }
 
 pub fn ints_attr(node: &NodeProto, name: &str) -> Option<Vec<i64>> {
-    attr(node, name)
-        .filter(|a| a.type_.value() == AttributeType::INTS as i32)
-        .map(|a| a.ints.clone())
+    attr(node, name).filter(|a| a.type_.value() == AttributeType::INTS as i32).map(|a| a.ints.clone())
 }
 
 pub fn float_attr(node: &NodeProto, name: &str) -> Option<f32> {
-    attr(node, name)
-        .filter(|a| a.type_.value() == AttributeType::FLOAT as i32)
-        .map(|a| a.f)
+    attr(node, name).filter(|a| a.type_.value() == AttributeType::FLOAT as i32).map(|a| a.f)
 }
 
 /// The tensor a `Constant` node produces, for its numeric forms.
 fn constant_node_value(node: &NodeProto) -> Option<TensorProto> {
     let a = node.attribute.first()?;
-    let t = |data_type: i32, dims: Vec<i64>| TensorProto {
-        data_type,
-        dims,
-        ..Default::default()
-    };
+    let t = |data_type: i32, dims: Vec<i64>| TensorProto { data_type, dims, ..Default::default() };
     match a.name.as_str() {
         "value" => a.t.as_ref().cloned(),
-        "value_float" => Some(TensorProto {
-            float_data: vec![a.f],
-            ..t(dtype::FLOAT, vec![])
-        }),
-        "value_floats" => Some(TensorProto {
-            float_data: a.floats.clone(),
-            ..t(dtype::FLOAT, vec![a.floats.len() as i64])
-        }),
-        "value_int" => Some(TensorProto {
-            int64_data: vec![a.i],
-            ..t(dtype::INT64, vec![])
-        }),
-        "value_ints" => Some(TensorProto {
-            int64_data: a.ints.clone(),
-            ..t(dtype::INT64, vec![a.ints.len() as i64])
-        }),
+        "value_float" => Some(TensorProto { float_data: vec![a.f], ..t(dtype::FLOAT, vec![]) }),
+        "value_floats" => {
+            Some(TensorProto { float_data: a.floats.clone(), ..t(dtype::FLOAT, vec![a.floats.len() as i64]) })
+        }
+        "value_int" => Some(TensorProto { int64_data: vec![a.i], ..t(dtype::INT64, vec![]) }),
+        "value_ints" => Some(TensorProto { int64_data: a.ints.clone(), ..t(dtype::INT64, vec![a.ints.len() as i64]) }),
         _ => None,
     }
 }
 
 /// The subgraphs a node carries (If branches, Loop/Scan bodies).
 pub fn subgraphs(node: &NodeProto) -> impl Iterator<Item = &GraphProto> {
-    node.attribute
-        .iter()
-        .flat_map(|a| a.g.as_ref().into_iter().chain(a.graphs.iter()))
+    node.attribute.iter().flat_map(|a| a.g.as_ref().into_iter().chain(a.graphs.iter()))
 }
 
 /// Names a subgraph reads that it does not define itself (values of enclosing scopes).
@@ -297,10 +241,5 @@ pub fn outer_names<'g>(sub: &'g GraphProto, into: &mut HashSet<&'g str>) {
         }
         defined.extend(node.output.iter().map(String::as_str));
     }
-    into.extend(
-        sub.output
-            .iter()
-            .map(|o| o.name.as_str())
-            .filter(|n| !defined.contains(n)),
-    );
+    into.extend(sub.output.iter().map(|o| o.name.as_str()).filter(|n| !defined.contains(n)));
 }

@@ -47,9 +47,7 @@ pub struct Options {
 pub fn fuse(model: &mut ModelProto, options: &Options, data_dir: &Path) -> Result<Report> {
     let graph = model.graph.as_ref().ok_or(Error::NoGraph)?;
     let g = GraphIndex::new(graph, data_dir);
-    let ars: Vec<usize> = (0..graph.node.len())
-        .filter(|&i| is_candidate(&g, i))
-        .collect();
+    let ars: Vec<usize> = (0..graph.node.len()).filter(|&i| is_candidate(&g, i)).collect();
     if let Some(&n) = options.only.iter().find(|&&n| n == 0 || n > ars.len()) {
         return Err(Error::NoSuchCandidate(n, ars.len()));
     }
@@ -65,9 +63,7 @@ pub fn fuse(model: &mut ModelProto, options: &Options, data_dir: &Path) -> Resul
         let node = g.node(ar).name.clone();
         let outcome = match match_chain(&g, ar) {
             Err(refusal) => Outcome::Left(refusal.reason),
-            Ok(_) if !options.only.is_empty() && !options.only.contains(&number) => {
-                Outcome::NotSelected
-            }
+            Ok(_) if !options.only.is_empty() && !options.only.contains(&number) => Outcome::NotSelected,
             Ok(chain) => {
                 if let Some(other) = chain.nodes.iter().find_map(|n| taken.get(n)) {
                     Outcome::Left(format!("shares nodes with candidate #{other}"))
@@ -84,20 +80,12 @@ pub fn fuse(model: &mut ModelProto, options: &Options, data_dir: &Path) -> Resul
                 }
             }
         };
-        report.candidates.push(Candidate {
-            number,
-            node,
-            outcome,
-        });
+        report.candidates.push(Candidate { number, node, outcome });
     }
     drop(g);
     let plans: Vec<Planned> = chains
         .iter()
-        .map(|(_, chain, gamma, init)| Planned {
-            chain,
-            gamma: gamma.clone(),
-            new_initializer: init.clone(),
-        })
+        .map(|(_, chain, gamma, init)| Planned { chain, gamma: gamma.clone(), new_initializer: init.clone() })
         .collect();
     if !plans.is_empty() {
         let graph = model.graph.as_mut().ok_or(Error::NoGraph)?;
@@ -133,9 +121,7 @@ fn plan_gamma(
             converted.insert(from.clone(), name.clone());
             Ok((name, Some(t)))
         }
-        Ok(None) => Err(format!(
-            "the norm weight '{from}' cannot be converted to {suffix}"
-        )),
+        Ok(None) => Err(format!("the norm weight '{from}' cannot be converted to {suffix}")),
         Err(e) => Err(format!("the norm weight '{from}' cannot be read: {e}")),
     }
 }
@@ -147,11 +133,7 @@ fn fused_outcome(g: &GraphIndex, chain: &Chain, gamma: &str) -> Outcome {
     };
     Outcome::Fused {
         x: chain.x.clone(),
-        moved: chain
-            .hoisted
-            .iter()
-            .map(|&i| format!("{} '{}'", g.node(i).op_type, g.node(i).name))
-            .collect(),
+        moved: chain.hoisted.iter().map(|&i| format!("{} '{}'", g.node(i).op_type, g.node(i).name)).collect(),
         residual: chain.residual.clone(),
         gamma: gamma.to_owned(),
         gamma_from,

@@ -56,13 +56,7 @@ fn run(cli: &Cli) -> Result<()> {
     }
     let before = check_structure(&model);
     let strategy = cli.strategy.map(|s| s as i64);
-    let options = Options {
-        only: cli.only.clone(),
-        fields: Fields {
-            strategy,
-            config: cli.config,
-        },
-    };
+    let options = Options { only: cli.only.clone(), fields: Fields { strategy, config: cli.config } };
     let report = fuse(&mut model, &options, &model_file::data_dir(&cli.input))?;
     say(&report);
     if let Err(e) = &before {
@@ -74,11 +68,7 @@ fn run(cli: &Cli) -> Result<()> {
         say("dry run: nothing written");
         return Ok(());
     };
-    let written = if report.fused() == 0 {
-        bytes
-    } else {
-        model_file::serialize(&model)?
-    };
+    let written = if report.fused() == 0 { bytes } else { model_file::serialize(&model)? };
     model_file::write(out, &written)?;
     say(format_args!("wrote {}", out.display()));
     Ok(())

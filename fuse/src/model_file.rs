@@ -15,8 +15,7 @@ use crate::graph::subgraphs;
 /// The file's bytes and the model they hold.
 pub fn read(path: &Path) -> Result<(Vec<u8>, ModelProto)> {
     let bytes = std::fs::read(path).map_err(|e| Error::Read(path.to_owned(), e))?;
-    let model =
-        ModelProto::parse_from_bytes(&bytes).map_err(|e| Error::Parse(path.to_owned(), e))?;
+    let model = ModelProto::parse_from_bytes(&bytes).map_err(|e| Error::Parse(path.to_owned(), e))?;
     Ok((bytes, model))
 }
 
@@ -46,23 +45,9 @@ pub fn external_files(model: &ModelProto) -> BTreeSet<String> {
 }
 
 fn collect(graph: &GraphProto, files: &mut BTreeSet<String>) {
-    let tensors = graph
-        .node
-        .iter()
-        .flat_map(|n| &n.attribute)
-        .flat_map(|a| a.t.as_ref().into_iter().chain(&a.tensors));
-    for t in graph
-        .initializer
-        .iter()
-        .chain(tensors)
-        .filter(|t| is_external(t))
-    {
-        files.extend(
-            t.external_data
-                .iter()
-                .filter(|e| e.key == "location")
-                .map(|e| e.value.clone()),
-        );
+    let tensors = graph.node.iter().flat_map(|n| &n.attribute).flat_map(|a| a.t.as_ref().into_iter().chain(&a.tensors));
+    for t in graph.initializer.iter().chain(tensors).filter(|t| is_external(t)) {
+        files.extend(t.external_data.iter().filter(|e| e.key == "location").map(|e| e.value.clone()));
     }
     for sub in graph.node.iter().flat_map(subgraphs) {
         collect(sub, files);

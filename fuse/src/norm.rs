@@ -27,10 +27,7 @@ pub struct Refusal {
 pub type Matched<T> = std::result::Result<T, Refusal>;
 
 pub fn refuse<T>(progress: usize, reason: impl Into<String>) -> Matched<T> {
-    Err(Refusal {
-        progress,
-        reason: reason.into(),
-    })
+    Err(Refusal { progress, reason: reason.into() })
 }
 
 /// Where the fused node's gamma comes from.
@@ -39,7 +36,7 @@ pub enum Gamma {
     /// A value of the plugin's type, read as it is.
     Value(String),
     /// A constant of another float type: a new initializer of the plugin's type replaces it.
-    Convert { from: String, tensor: TensorProto },
+    Convert { from: String, tensor: Box<TensorProto> },
 }
 
 impl Gamma {
@@ -99,14 +96,11 @@ pub fn match_norm(g: &GraphIndex, sum: &Sum) -> Matched<NormMatch> {
         if is_op(node, "RMSNormalization") {
             attempts.push(rms_normalization(g, c, sum));
         } else if is_op(node, "Cast") {
-            attempts.push(Primitive::new(g, sum).from_cast(c));
+            attempts.push(Primitive::new(g, sum).after_cast(c));
         }
     }
-    if g.consumers(sum.name)
-        .iter()
-        .any(|&c| is_square(g, g.node(c), sum.name))
-    {
-        attempts.push(Primitive::new(g, sum).from_value(sum.name, Vec::new()));
+    if g.consumers(sum.name).iter().any(|&c| is_square(g, g.node(c), sum.name)) {
+        attempts.push(Primitive::new(g, sum).squaring(sum.name, false));
     }
     let mut best: Option<Refusal> = None;
     for attempt in attempts {
@@ -116,10 +110,7 @@ pub fn match_norm(g: &GraphIndex, sum: &Sum) -> Matched<NormMatch> {
             Err(_) => {}
         }
     }
-    Err(best.unwrap_or(Refusal {
-        progress: 0,
-        reason: format!("no RMSNorm reads the residual sum '{}'", sum.name),
-    }))
+    Err(best.unwrap_or(Refusal { progress: 0, reason: format!("no RMSNorm reads the residual sum '{}'", sum.name) }))
 }
 
 fn is_square(g: &GraphIndex, node: &NodeProto, x: &str) -> bool {
@@ -137,42 +128,24 @@ fn gamma(g: &GraphIndex, w: &str, sum: &Sum, progress: usize) -> Matched<Gamma> 
     if let Some(shape) = g.shape(w) {
         let fits = shape.len() == 1 && sum.hidden().is_none_or(|h| h.compatible(&shape[0]));
         if !fits {
-            let hidden = sum
-                .hidden()
-                .map(|h| shape_text(std::slice::from_ref(h)))
-                .unwrap_or_else(|| "?".into());
+            let hidden = sum.hidden().map(|h| shape_text(std::slice::from_ref(h))).unwrap_or_else(|| "?".into());
             return refuse(
                 progress,
-                format!(
-                    "the norm weight '{w}' has shape {}, the plugin needs 1-D {hidden}",
-                    shape_text(&shape)
-                ),
+                format!("the norm weight '{w}' has shape {}, the plugin needs 1-D {hidden}", shape_text(&shape)),
             );
         }
     }
     match g.elem_type(w) {
         Some(t) if t == sum.elem => Ok(Gamma::Value(w.to_owned())),
-        Some(t)
-            if matches!(
-                t,
-                dtype::FLOAT | dtype::FLOAT16 | dtype::BFLOAT16 | dtype::DOUBLE
-            ) =>
-        {
+        Some(t) if matches!(t, dtype::FLOAT | dtype::FLOAT16 | dtype::BFLOAT16 | dtype::DOUBLE) => {
             // An upcast of a weight of the plugin's type: read the original, exactly.
-            if let Some(p) = g
-                .producer(w)
-                .map(|p| g.node(p))
-                .filter(|p| is_op(p, "Cast"))
-            {
+            if let Some(p) = g.producer(w).map(|p| g.node(p)).filter(|p| is_op(p, "Cast")) {
                 if g.elem_type(&p.input[0]) == Some(sum.elem) {
                     return Ok(Gamma::Value(p.input[0].clone()));
                 }
             }
             match g.constant(w) {
-                Some(tensor) => Ok(Gamma::Convert {
-                    from: w.to_owned(),
-                    tensor,
-                }),
+                Some(tensor) => Ok(Gamma::Convert { from: w.to_owned(), tensor: Box::new(tensor) }),
                 None => refuse(
                     progress,
                     format!(
@@ -183,14 +156,8 @@ fn gamma(g: &GraphIndex, w: &str, sum: &Sum, progress: usize) -> Matched<Gamma> 
                 ),
             }
         }
-        Some(t) => refuse(
-            progress,
-            format!("the norm weight '{w}' is {}", dtype::name(t)),
-        ),
-        None => refuse(
-            progress,
-            format!("the type of the norm weight '{w}' is unknown"),
-        ),
+        Some(t) => refuse(progress, format!("the norm weight '{w}' is {}", dtype::name(t))),
+        None => refuse(progress, format!("the type of the norm weight '{w}' is unknown")),
     }
 }
 
@@ -213,13 +180,7 @@ fn rms_normalization(g: &GraphIndex, i: usize, sum: &Sum) -> Matched<NormMatch> 
     let rank = sum.shape.as_ref().map(Vec::len);
     let axis = int_attr(node, "axis").unwrap_or(-1);
     if !is_last_axis(axis, rank) {
-        return refuse(
-            2,
-            format!(
-                "RMSNormalization '{}' normalises from axis {axis}, not the last axis",
-                node.name
-            ),
-        );
+        return refuse(2, format!("RMSNormalization '{}' normalises from axis {axis}, not the last axis", node.name));
     }
     let stash = int_attr(node, "stash_type").unwrap_or(1);
     if stash != dtype::FLOAT as i64 {
@@ -233,18 +194,13 @@ fn rms_normalization(g: &GraphIndex, i: usize, sum: &Sum) -> Matched<NormMatch> 
         );
     }
     let Some(scale) = node.input.get(1).filter(|s| !s.is_empty()) else {
-        return refuse(
-            2,
-            format!("RMSNormalization '{}' has no scale input", node.name),
-        );
+        return refuse(2, format!("RMSNormalization '{}' has no scale input", node.name));
     };
     // Its output has the scale's type: the plugin's outputs have x's.
     match g.elem_type(scale) {
         Some(t) if t == sum.elem => {}
         t => {
-            let t = t
-                .map(dtype::name)
-                .unwrap_or_else(|| "of unknown type".into());
+            let t = t.map(dtype::name).unwrap_or_else(|| "of unknown type".into());
             return refuse(
                 2,
                 format!(
@@ -275,12 +231,7 @@ struct Primitive<'a, 'g> {
 
 impl<'a, 'g> Primitive<'a, 'g> {
     fn new(g: &'a GraphIndex<'g>, sum: &'a Sum<'a>) -> Self {
-        Primitive {
-            g,
-            sum,
-            nodes: Vec::new(),
-            form: Vec::new(),
-        }
+        Primitive { g, sum, nodes: Vec::new(), form: Vec::new() }
     }
 
     fn progress(&self) -> usize {
@@ -294,17 +245,12 @@ impl<'a, 'g> Primitive<'a, 'g> {
     /// The only reader of `value` (which must not escape the graph's nodes either).
     fn sole_reader(&self, value: &str) -> Matched<usize> {
         if self.g.escapes(value) {
-            return self.refuse(format!(
-                "'{value}' inside the norm is also a graph output or read by a subgraph"
-            ));
+            return self.refuse(format!("'{value}' inside the norm is also a graph output or read by a subgraph"));
         }
         match self.g.consumers(value) {
             [c] => Ok(*c),
             [] => self.refuse(format!("'{value}' has no consumer")),
-            many => self.refuse(format!(
-                "'{value}' inside the norm has {} consumers (another reads it)",
-                many.len()
-            )),
+            many => self.refuse(format!("'{value}' inside the norm has {} consumers (another reads it)", many.len())),
         }
     }
 
@@ -315,40 +261,26 @@ impl<'a, 'g> Primitive<'a, 'g> {
         if ops.iter().any(|op| is_op(node, op)) {
             Ok(c)
         } else {
-            self.refuse(format!(
-                "'{value}' feeds {} '{}', expected {}",
-                node.op_type,
-                node.name,
-                ops.join(" or ")
-            ))
+            self.refuse(format!("'{value}' feeds {} '{}', expected {}", node.op_type, node.name, ops.join(" or ")))
         }
     }
 
-    fn from_cast(mut self, cast: usize) -> Matched<NormMatch> {
+    fn after_cast(mut self, cast: usize) -> Matched<NormMatch> {
         let node = self.g.node(cast);
         let to = int_attr(node, "to").unwrap_or(0) as i32;
         if to != dtype::FLOAT {
-            return refuse(
-                1,
-                format!("the residual sum is cast to {}, not fp32", dtype::name(to)),
-            );
+            return refuse(1, format!("the residual sum is cast to {}, not fp32", dtype::name(to)));
         }
         self.nodes.push(cast);
         self.form.push("cast pair");
         let xf = node.output[0].clone();
-        self.from_value(&xf, vec![cast])
+        self.squaring(&xf, true)
     }
 
-    /// From `xf`, the value squared and normalised; `cast` is the cast that made `xf` from the
-    /// sum, if any.
-    fn from_value(mut self, xf: &str, cast: Vec<usize>) -> Matched<NormMatch> {
+    /// From `xf`, the value squared and normalised: the sum, or its fp32 cast (`cast_pair`).
+    fn squaring(mut self, xf: &str, cast_pair: bool) -> Matched<NormMatch> {
         let g = self.g;
-        let Some(square) = g
-            .consumers(xf)
-            .iter()
-            .copied()
-            .find(|&c| is_square(g, g.node(c), xf))
-        else {
+        let Some(square) = g.consumers(xf).iter().copied().find(|&c| is_square(g, g.node(c), xf)) else {
             return self.refuse(format!("nothing squares '{xf}' (Pow 2 or Mul x x)"));
         };
         self.nodes.push(square);
@@ -360,16 +292,14 @@ impl<'a, 'g> Primitive<'a, 'g> {
         self.nodes.push(eps_add);
         let normalised = self.inverse_sqrt(&g.node(eps_add).output[0], xf)?;
         // `xf` feeds only the square and the normalising Mul/Div (the sum itself may feed more).
-        if !cast.is_empty() {
+        if cast_pair {
             let readers = g.consumers(xf);
             if g.escapes(xf) || readers.iter().any(|r| !self.nodes.contains(r)) {
-                return self.refuse(format!(
-                    "the fp32 copy '{xf}' of the residual sum is also read outside the norm"
-                ));
+                return self.refuse(format!("the fp32 copy '{xf}' of the residual sum is also read outside the norm"));
             }
         }
         let n = g.node(normalised).output[0].clone();
-        let (gamma_value, out) = if cast.is_empty() {
+        let (gamma_value, out) = if !cast_pair {
             let mul = self.sole_consumer(&n, &["Mul"])?;
             self.form.push("no cast pair");
             (self.weight_of(mul, &n)?, mul)
@@ -390,13 +320,7 @@ impl<'a, 'g> Primitive<'a, 'g> {
             }
         };
         let gamma = gamma(g, &gamma_value, self.sum, self.progress())?;
-        Ok(NormMatch {
-            nodes: self.nodes,
-            eps,
-            gamma,
-            out: g.node(out).output[0].clone(),
-            form: self.form.join(", "),
-        })
+        Ok(NormMatch { nodes: self.nodes, eps, gamma, out: g.node(out).output[0].clone(), form: self.form.join(", ") })
     }
 
     fn check_mean(&self, mean: usize) -> Matched<()> {
@@ -404,51 +328,31 @@ impl<'a, 'g> Primitive<'a, 'g> {
         let axes = match node.input.get(1).filter(|a| !a.is_empty()) {
             Some(a) => match self.g.constant_values(a) {
                 Ok(Some(v)) => Some(v.into_iter().map(|x| x as i64).collect::<Vec<_>>()),
-                _ => {
-                    return self.refuse(format!(
-                        "ReduceMean '{}' has axes that are not a constant",
-                        node.name
-                    ))
-                }
+                _ => return self.refuse(format!("ReduceMean '{}' has axes that are not a constant", node.name)),
             },
             None => ints_attr(node, "axes"),
         };
         let rank = self.sum.shape.as_ref().map(Vec::len);
         let last = matches!(axes.as_deref(), Some([a]) if is_last_axis(*a, rank));
         if !last {
-            return self.refuse(format!(
-                "ReduceMean '{}' does not reduce the last axis alone (axes {axes:?})",
-                node.name
-            ));
+            return self
+                .refuse(format!("ReduceMean '{}' does not reduce the last axis alone (axes {axes:?})", node.name));
         }
         if int_attr(node, "keepdims") == Some(0) {
-            return self.refuse(format!(
-                "ReduceMean '{}' drops the reduced axis (keepdims 0)",
-                node.name
-            ));
+            return self.refuse(format!("ReduceMean '{}' drops the reduced axis (keepdims 0)", node.name));
         }
         Ok(())
     }
 
     fn eps(&self, add: usize) -> Matched<f32> {
         let node = self.g.node(add);
-        let mean = self
-            .g
-            .node(*self.nodes.last().expect("the mean is matched"))
-            .output[0]
-            .as_str();
+        let mean = self.g.node(*self.nodes.last().expect("the mean is matched")).output[0].as_str();
         let Some(other) = other_input(node, mean) else {
-            return self.refuse(format!(
-                "Add '{}' after the mean is not mean + eps",
-                node.name
-            ));
+            return self.refuse(format!("Add '{}' after the mean is not mean + eps", node.name));
         };
         match self.g.constant_scalar(other) {
             Ok(Some(eps)) => check_eps(eps, self.progress()),
-            _ => self.refuse(format!(
-                "eps '{other}' (Add '{}') is not a one-element constant",
-                node.name
-            )),
+            _ => self.refuse(format!("eps '{other}' (Add '{}') is not a one-element constant", node.name)),
         }
     }
 
@@ -469,10 +373,7 @@ impl<'a, 'g> Primitive<'a, 'g> {
             let node = g.node(next);
             if is_op(node, "Div") {
                 if node.input.len() != 2 || node.input[1] != s {
-                    return self.refuse(format!(
-                        "Div '{}' does not divide by the square root",
-                        node.name
-                    ));
+                    return self.refuse(format!("Div '{}' does not divide by the square root", node.name));
                 }
                 self.nodes.push(next);
                 if node.input[0] == xf {
@@ -492,17 +393,11 @@ impl<'a, 'g> Primitive<'a, 'g> {
             }
             node.output[0].clone()
         } else {
-            return self.refuse(format!(
-                "'{e}' feeds {} '{}', expected Sqrt or Rsqrt",
-                node.op_type, node.name
-            ));
+            return self.refuse(format!("'{e}' feeds {} '{}', expected Sqrt or Rsqrt", node.op_type, node.name));
         };
         let mul = self.sole_consumer(&inverse, &["Mul"])?;
         if other_input(g.node(mul), &inverse) != Some(xf) {
-            return self.refuse(format!(
-                "Mul '{}' does not scale the normalised value by 1/sqrt",
-                g.node(mul).name
-            ));
+            return self.refuse(format!("Mul '{}' does not scale the normalised value by 1/sqrt", g.node(mul).name));
         }
         self.nodes.push(mul);
         Ok(mul)
@@ -525,10 +420,7 @@ impl<'a, 'g> Primitive<'a, 'g> {
     fn weight_of(&mut self, mul: usize, value: &str) -> Matched<String> {
         let node = self.g.node(mul);
         let Some(w) = other_input(node, value) else {
-            return self.refuse(format!(
-                "Mul '{}' multiplies '{value}' by itself",
-                node.name
-            ));
+            return self.refuse(format!("Mul '{}' multiplies '{value}' by itself", node.name));
         };
         self.nodes.push(mul);
         Ok(w.to_owned())

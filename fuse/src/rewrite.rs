@@ -7,9 +7,7 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet};
 
-use crate::proto::{
-    attribute_proto::AttributeType, AttributeProto, GraphProto, NodeProto, TensorProto,
-};
+use crate::proto::{attribute_proto::AttributeType, AttributeProto, GraphProto, NodeProto, TensorProto};
 
 use crate::chain::Chain;
 use crate::graph::{outer_names, subgraphs};
@@ -31,21 +29,11 @@ pub struct Planned<'c> {
 }
 
 fn int(name: &str, i: i64) -> AttributeProto {
-    AttributeProto {
-        name: name.into(),
-        type_: AttributeType::INT.into(),
-        i,
-        ..Default::default()
-    }
+    AttributeProto { name: name.into(), type_: AttributeType::INT.into(), i, ..Default::default() }
 }
 
 fn float(name: &str, f: f32) -> AttributeProto {
-    AttributeProto {
-        name: name.into(),
-        type_: AttributeType::FLOAT.into(),
-        f,
-        ..Default::default()
-    }
+    AttributeProto { name: name.into(), type_: AttributeType::FLOAT.into(), f, ..Default::default() }
 }
 
 /// The fused node: the all-reduce node with its attributes (tp_size and any others), the fused
@@ -59,8 +47,7 @@ pub fn fused_node(all_reduce: &NodeProto, plan: &Planned, fields: &Fields) -> No
         .filter(|(_, v)| v.is_some())
         .map(|(n, _)| *n)
         .collect();
-    node.attribute
-        .retain(|a| !derived.contains(&a.name.as_str()) && !overridden.contains(&a.name.as_str()));
+    node.attribute.retain(|a| !derived.contains(&a.name.as_str()) && !overridden.contains(&a.name.as_str()));
     node.attribute.push(int("fusion_op", 1));
     node.attribute.push(float("eps", chain.norm.eps));
     if chain.bias.is_some() {
@@ -72,11 +59,7 @@ pub fn fused_node(all_reduce: &NodeProto, plan: &Planned, fields: &Fields) -> No
     if let Some(c) = fields.config {
         node.attribute.push(int("config", c));
     }
-    node.input = vec![
-        chain.fused_x.clone(),
-        chain.residual.clone(),
-        plan.gamma.clone(),
-    ];
+    node.input = vec![chain.fused_x.clone(), chain.residual.clone(), plan.gamma.clone()];
     node.input.extend(chain.bias.clone());
     node.output = vec![chain.norm.out.clone(), chain.sum.clone()];
     if !node.name.is_empty() {
@@ -93,11 +76,7 @@ pub fn apply(graph: &mut GraphProto, plans: &[Planned], fields: &Fields) {
         let chain = plan.chain;
         // The fused node takes the residual Add's place: every input of the chain but gamma is
         // ready there; the sort below moves it if gamma is produced later.
-        let at = chain
-            .nodes
-            .iter()
-            .copied()
-            .find(|&i| graph.node[i].output.first() == Some(&chain.sum));
+        let at = chain.nodes.iter().copied().find(|&i| graph.node[i].output.first() == Some(&chain.sum));
         let at = at.expect("a chain contains the Add that makes its residual sum");
         replace.insert(at, fused_node(&graph.node[chain.all_reduce], plan, fields));
         removed.extend(chain.nodes.iter().filter(|&&i| i != at));
@@ -109,13 +88,7 @@ pub fn apply(graph: &mut GraphProto, plans: &[Planned], fields: &Fields) {
     let mut dropped: HashSet<String> = HashSet::new();
     let mut freed: Vec<String> = Vec::new();
     for &i in removed.iter().chain(replace.keys()) {
-        freed.extend(
-            graph.node[i]
-                .input
-                .iter()
-                .filter(|v| !v.is_empty())
-                .cloned(),
-        );
+        freed.extend(graph.node[i].input.iter().filter(|v| !v.is_empty()).cloned());
         dropped.extend(graph.node[i].output.iter().cloned());
     }
     let nodes = std::mem::take(&mut graph.node);
@@ -149,10 +122,7 @@ fn remove_dead_feeders(graph: &mut GraphProto, mut freed: Vec<String>) -> Vec<St
         let producer = graph.node.iter().position(|n| n.output.contains(&v));
         if let Some(p) = producer {
             let n = &graph.node[p];
-            let pure = ["Constant", "Cast", "Identity"]
-                .iter()
-                .any(|op| is_op(n, op))
-                && n.output.len() == 1;
+            let pure = ["Constant", "Cast", "Identity"].iter().any(|op| is_op(n, op)) && n.output.len() == 1;
             if pure {
                 let n = graph.node.remove(p);
                 freed.extend(n.input.into_iter().filter(|i| !i.is_empty()));
@@ -169,12 +139,8 @@ fn remove_dead_feeders(graph: &mut GraphProto, mut freed: Vec<String>) -> Vec<St
 /// Orders nodes so each comes after the producers of what it reads (its inputs and the outer
 /// values its subgraphs read), keeping the existing order wherever it already is valid.
 pub fn stable_topological_sort(graph: &mut GraphProto) {
-    let producer: HashMap<&str, usize> = graph
-        .node
-        .iter()
-        .enumerate()
-        .flat_map(|(i, n)| n.output.iter().map(move |o| (o.as_str(), i)))
-        .collect();
+    let producer: HashMap<&str, usize> =
+        graph.node.iter().enumerate().flat_map(|(i, n)| n.output.iter().map(move |o| (o.as_str(), i))).collect();
     let n = graph.node.len();
     let mut dependents: Vec<Vec<usize>> = vec![Vec::new(); n];
     let mut waiting = vec![0usize; n];
@@ -183,19 +149,13 @@ pub fn stable_topological_sort(graph: &mut GraphProto) {
         for sub in subgraphs(node) {
             outer_names(sub, &mut reads);
         }
-        let deps: HashSet<usize> = reads
-            .iter()
-            .filter_map(|r| producer.get(r))
-            .copied()
-            .filter(|&p| p != i)
-            .collect();
+        let deps: HashSet<usize> = reads.iter().filter_map(|r| producer.get(r)).copied().filter(|&p| p != i).collect();
         waiting[i] = deps.len();
         for d in deps {
             dependents[d].push(i);
         }
     }
-    let mut ready: BinaryHeap<Reverse<usize>> =
-        (0..n).filter(|&i| waiting[i] == 0).map(Reverse).collect();
+    let mut ready: BinaryHeap<Reverse<usize>> = (0..n).filter(|&i| waiting[i] == 0).map(Reverse).collect();
     let mut order = Vec::with_capacity(n);
     while let Some(Reverse(i)) = ready.pop() {
         order.push(i);
@@ -209,12 +169,6 @@ pub fn stable_topological_sort(graph: &mut GraphProto) {
     if order.len() != n || order.iter().enumerate().all(|(k, &i)| k == i) {
         return; // already ordered, or a cycle: leave it for the structural check to report
     }
-    let mut nodes: Vec<Option<NodeProto>> = std::mem::take(&mut graph.node)
-        .into_iter()
-        .map(Some)
-        .collect();
-    graph.node = order
-        .into_iter()
-        .map(|i| nodes[i].take().expect("each node is placed once"))
-        .collect();
+    let mut nodes: Vec<Option<NodeProto>> = std::mem::take(&mut graph.node).into_iter().map(Some).collect();
+    graph.node = order.into_iter().map(|i| nodes[i].take().expect("each node is placed once")).collect();
 }
