@@ -2,7 +2,7 @@
 //! row-parallel projection, its optional bias, the residual connection and the norm that reads it.
 
 use crate::dtype;
-use crate::graph::{int_attr, shape_text, Dim, GraphIndex};
+use crate::graph::{int_attr, out0, shape_text, Dim, GraphIndex};
 use crate::norm::{is_op, match_norm, other_input, refuse, Matched, NormMatch, Sum};
 
 pub const PLUGIN_OP: &str = "AllReducePlugin";
@@ -90,7 +90,7 @@ pub fn match_chain(g: &GraphIndex, ar: usize) -> Matched<Chain> {
         let node = g.node(c);
         if LAYOUT_OPS.iter().any(|op| is_op(node, op)) && node.input.first() == Some(&h) && hoisted.len() < 8 {
             hoisted.push(c);
-            h = node.output[0].clone();
+            h = out0(node).to_owned();
             continue;
         }
         if !is_op(node, "Add") {
@@ -104,7 +104,7 @@ pub fn match_chain(g: &GraphIndex, ar: usize) -> Matched<Chain> {
         };
         if bias.is_none() && is_bias(g, &other) {
             nodes.push(c);
-            h = node.output[0].clone();
+            h = out0(node).to_owned();
             bias = Some(other);
             continue;
         }
@@ -112,7 +112,7 @@ pub fn match_chain(g: &GraphIndex, ar: usize) -> Matched<Chain> {
     };
     // Layout ops commute with the all-reduce (an element-wise sum over ranks): they move before
     // the fused node and reshape x, which then has the residual's shape.
-    let fused_x = hoisted.last().map(|&l| g.node(l).output[0].clone()).unwrap_or_else(|| x.clone());
+    let fused_x = hoisted.last().map(|&l| out0(g.node(l)).to_owned()).unwrap_or_else(|| x.clone());
     let x_shape = g.shape(&fused_x).or_else(|| if hoisted.is_empty() { g.shape(ar_out) } else { None });
     if let Some(b) = &bias {
         check_vector(g, b, elem, x_shape.as_deref(), "bias")?;
@@ -125,7 +125,7 @@ pub fn match_chain(g: &GraphIndex, ar: usize) -> Matched<Chain> {
             return refuse(2, format!("the residual '{residual}' is {t}, the all-reduce {}", dtype::name(elem)));
         }
     }
-    let sum = g.node(add).output[0].clone();
+    let sum = out0(g.node(add)).to_owned();
     let r_shape = g.shape(&residual);
     if let (Some(a), Some(b)) = (&x_shape, &r_shape) {
         if !shapes_agree(a, b) {

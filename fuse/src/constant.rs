@@ -9,8 +9,9 @@ use half::{bf16, f16};
 use crate::dtype;
 use crate::error::{Error, Result};
 
-pub fn element_count(t: &TensorProto) -> i64 {
-    t.dims.iter().product()
+/// The number of elements, None for negative or overflowing dimensions.
+pub fn element_count(t: &TensorProto) -> Option<usize> {
+    t.dims.iter().try_fold(1usize, |n, &d| n.checked_mul(usize::try_from(d).ok()?))
 }
 
 pub fn is_external(t: &TensorProto) -> bool {
@@ -45,7 +46,7 @@ pub fn raw_bytes(t: &TensorProto, data_dir: &Path) -> Result<Vec<u8>> {
 /// Every element as f64, for float types (FLOAT, DOUBLE, FLOAT16, BFLOAT16) and integer ones
 /// (INT32, INT64); None for other types or a malformed payload.
 pub fn as_f64(t: &TensorProto, data_dir: &Path) -> Result<Option<Vec<f64>>> {
-    let n = usize::try_from(element_count(t)).unwrap_or(usize::MAX);
+    let Some(n) = element_count(t) else { return Ok(None) };
     let raw = raw_bytes(t, data_dir)?;
     let from_raw = |size: usize, f: &dyn Fn(&[u8]) -> f64| -> Option<Vec<f64>> {
         (raw.len() == n.checked_mul(size)?).then(|| raw.chunks_exact(size).map(f).collect())

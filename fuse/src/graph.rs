@@ -187,6 +187,16 @@ fn tensor_type(v: &ValueInfoProto) -> Option<&type_proto::Tensor> {
     }
 }
 
+/// A node's first output ("" when it has none: no value is named "", so nothing reads it).
+pub fn out0(node: &NodeProto) -> &str {
+    node.output.first().map(String::as_str).unwrap_or("")
+}
+
+/// A node's first input ("" when it has none).
+pub fn in0(node: &NodeProto) -> &str {
+    node.input.first().map(String::as_str).unwrap_or("")
+}
+
 pub fn attr<'n>(node: &'n NodeProto, name: &str) -> Option<&'n AttributeProto> {
     node.attribute.iter().find(|a| a.name == name)
 }

@@ -15,7 +15,7 @@
 use crate::proto::{NodeProto, TensorProto};
 
 use crate::dtype;
-use crate::graph::{float_attr, int_attr, ints_attr, shape_text, Dim, GraphIndex};
+use crate::graph::{float_attr, in0, int_attr, ints_attr, out0, shape_text, Dim, GraphIndex};
 
 /// Why a chain was not fused, with how far matching got (the deepest attempt explains best).
 #[derive(Clone, Debug)]
@@ -140,8 +140,8 @@ fn gamma(g: &GraphIndex, w: &str, sum: &Sum, progress: usize) -> Matched<Gamma> 
         Some(t) if matches!(t, dtype::FLOAT | dtype::FLOAT16 | dtype::BFLOAT16 | dtype::DOUBLE) => {
             // An upcast of a weight of the plugin's type: read the original, exactly.
             if let Some(p) = g.producer(w).map(|p| g.node(p)).filter(|p| is_op(p, "Cast")) {
-                if g.elem_type(&p.input[0]) == Some(sum.elem) {
-                    return Ok(Gamma::Value(p.input[0].clone()));
+                if g.elem_type(in0(p)) == Some(sum.elem) {
+                    return Ok(Gamma::Value(in0(p).to_owned()));
                 }
             }
             match g.constant(w) {
@@ -216,7 +216,7 @@ fn rms_normalization(g: &GraphIndex, i: usize, sum: &Sum) -> Matched<NormMatch> 
         nodes: vec![i],
         eps,
         gamma: gamma(g, scale, sum, 2)?,
-        out: node.output[0].clone(),
+        out: out0(node).to_owned(),
         form: "RMSNormalization".into(),
     })
 }
@@ -273,7 +273,7 @@ impl<'a, 'g> Primitive<'a, 'g> {
         }
         self.nodes.push(cast);
         self.form.push("cast pair");
-        let xf = node.output[0].clone();
+        let xf = out0(node).to_owned();
         self.squaring(&xf, true)
     }
 
@@ -284,13 +284,13 @@ impl<'a, 'g> Primitive<'a, 'g> {
             return self.refuse(format!("nothing squares '{xf}' (Pow 2 or Mul x x)"));
         };
         self.nodes.push(square);
-        let mean = self.sole_consumer(&g.node(square).output[0], &["ReduceMean"])?;
+        let mean = self.sole_consumer(out0(g.node(square)), &["ReduceMean"])?;
         self.check_mean(mean)?;
         self.nodes.push(mean);
-        let eps_add = self.sole_consumer(&g.node(mean).output[0], &["Add"])?;
+        let eps_add = self.sole_consumer(out0(g.node(mean)), &["Add"])?;
         let eps = self.eps(eps_add)?;
         self.nodes.push(eps_add);
-        let normalised = self.inverse_sqrt(&g.node(eps_add).output[0], xf)?;
+        let normalised = self.inverse_sqrt(out0(g.node(eps_add)), xf)?;
         // `xf` feeds only the square and the normalising Mul/Div (the sum itself may feed more).
         if cast_pair {
             let readers = g.consumers(xf);
@@ -298,7 +298,7 @@ impl<'a, 'g> Primitive<'a, 'g> {
                 return self.refuse(format!("the fp32 copy '{xf}' of the residual sum is also read outside the norm"));
             }
         }
-        let n = g.node(normalised).output[0].clone();
+        let n = out0(g.node(normalised)).to_owned();
         let (gamma_value, out) = if !cast_pair {
             let mul = self.sole_consumer(&n, &["Mul"])?;
             self.form.push("no cast pair");
@@ -307,20 +307,20 @@ impl<'a, 'g> Primitive<'a, 'g> {
             let next = self.sole_consumer(&n, &["Cast", "Mul"])?;
             if is_op(g.node(next), "Cast") {
                 self.cast_back(next)?;
-                let nc = g.node(next).output[0].clone();
+                let nc = out0(g.node(next)).to_owned();
                 let mul = self.sole_consumer(&nc, &["Mul"])?;
                 self.form.push("weight after the cast");
                 (self.weight_of(mul, &nc)?, mul)
             } else {
                 let w = self.weight_of(next, &n)?;
-                let cast_back = self.sole_consumer(&g.node(next).output[0], &["Cast"])?;
+                let cast_back = self.sole_consumer(out0(g.node(next)), &["Cast"])?;
                 self.cast_back(cast_back)?;
                 self.form.push("weight before the cast");
                 (w, cast_back)
             }
         };
         let gamma = gamma(g, &gamma_value, self.sum, self.progress())?;
-        Ok(NormMatch { nodes: self.nodes, eps, gamma, out: g.node(out).output[0].clone(), form: self.form.join(", ") })
+        Ok(NormMatch { nodes: self.nodes, eps, gamma, out: out0(g.node(out)).to_owned(), form: self.form.join(", ") })
     }
 
     fn check_mean(&self, mean: usize) -> Matched<()> {
@@ -346,7 +346,7 @@ impl<'a, 'g> Primitive<'a, 'g> {
 
     fn eps(&self, add: usize) -> Matched<f32> {
         let node = self.g.node(add);
-        let mean = self.g.node(*self.nodes.last().expect("the mean is matched")).output[0].as_str();
+        let mean = out0(self.g.node(*self.nodes.last().expect("the mean is matched")));
         let Some(other) = other_input(node, mean) else {
             return self.refuse(format!("Add '{}' after the mean is not mean + eps", node.name));
         };
@@ -365,10 +365,10 @@ impl<'a, 'g> Primitive<'a, 'g> {
         let inverse = if node.op_type == "Rsqrt" {
             self.nodes.push(first);
             self.form.push("Rsqrt");
-            node.output[0].clone()
+            out0(node).to_owned()
         } else if is_op(node, "Sqrt") {
             self.nodes.push(first);
-            let s = node.output[0].as_str();
+            let s = out0(node);
             let next = self.sole_consumer(s, &["Reciprocal", "Div"])?;
             let node = g.node(next);
             if is_op(node, "Div") {
@@ -391,7 +391,7 @@ impl<'a, 'g> Primitive<'a, 'g> {
                 self.nodes.push(next);
                 self.form.push("Sqrt + Reciprocal");
             }
-            node.output[0].clone()
+            out0(node).to_owned()
         } else {
             return self.refuse(format!("'{e}' feeds {} '{}', expected Sqrt or Rsqrt", node.op_type, node.name));
         };

@@ -331,3 +331,16 @@ fn refuses_an_all_reduce_already_fused_or_without_a_norm() {
     g.outputs.push(value_info("y", FLOAT16, &act));
     refuses(g.model(), "no RMSNorm reads the residual sum");
 }
+
+#[test]
+fn malformed_graphs_are_refused_not_panicked_on() {
+    let mut g = build_graph(&Spec::default());
+    g.nodes.iter_mut().find(|n| n.op_type == "ReduceMean").unwrap().output.clear();
+    refuses(g.model(), "has no consumer");
+    let mut g = build_graph(&Spec::default());
+    g.initializers.iter_mut().find(|t| t.name == "eps").unwrap().dims = vec![i64::MAX, 4];
+    refuses(g.model(), "not a one-element constant");
+    let mut g = build_graph(&Spec::default());
+    g.nodes.iter_mut().find(|n| n.output == ["sum"]).unwrap().input.truncate(1);
+    refuses(g.model(), "'ar_out' has no consumer");
+}
