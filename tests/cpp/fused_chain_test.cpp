@@ -216,7 +216,7 @@ bool haveGpu()
 }
 } // namespace
 
-TEST(FusedChain, FusedNodeEqualsTheChainItReplaces)
+TEST(GpuFusedChain, FusedNodeEqualsTheChainItReplaces)
 {
     if (!haveGpu())
     {
