@@ -156,6 +156,16 @@ fn open(source: &Source, own: usize) -> std::result::Result<Base, String> {
             (path, library)
         }
         Source::Configured(path) | Source::Beside(path) => {
+            if let (Some(needed), Some(loaded)) = (needed_tensorrt(path), loaded_tensorrt()) {
+                if needed != loaded {
+                    return Err(format!(
+                        "Edge-LLM's plugin library {} is built for {needed}, but this process runs {loaded}: \
+                         not loaded (it would bring a second TensorRT); only AllReducePlugin is served. Install \
+                         the base for this TensorRT (tools/install.sh with EDGELLM_TRT_MAJOR)",
+                        path.display()
+                    ));
+                }
+            }
             // SAFETY: this runs the base's initialisers, Edge-LLM's static plugin registrations,
             // exactly as loading that library on its own would.
             let library = unsafe { Library::open(Some(path), RTLD_NOW | RTLD_LOCAL | libc::RTLD_NODELETE) }
@@ -183,6 +193,28 @@ fn open(source: &Source, own: usize) -> std::result::Result<Base, String> {
         return Err(format!("{} is this library itself, not Edge-LLM's own plugin library", path.display()));
     }
     Ok(Base { path: path.clone(), address, api, _library: library })
+}
+
+/// The TensorRT runtime a library file needs (its `libnvinfer.so.N` DT_NEEDED entry), read
+/// without loading it; None if it needs none or is not an ELF file.
+fn needed_tensorrt(path: &Path) -> Option<String> {
+    let data = std::fs::read(path).ok()?;
+    let file = object::read::elf::ElfFile64::<object::Endianness>::parse(&*data).ok()?;
+    let table = file.elf_section_table().dynamic_table(file.endian(), &*data).ok()?;
+    table
+        .iter()
+        .filter(|entry| entry.tag == object::elf::DT_NEEDED)
+        .filter_map(|entry| table.string(entry).ok())
+        .map(|name| String::from_utf8_lossy(name).into_owned())
+        .find(|name| name.starts_with("libnvinfer.so."))
+}
+
+/// The TensorRT runtime already in the process, by soname (loaded globally or not).
+fn loaded_tensorrt() -> Option<String> {
+    ["libnvinfer.so.11", "libnvinfer.so.10"]
+        .into_iter()
+        .find(|soname| loader::already_loaded(Path::new(soname), 0).is_some())
+        .map(str::to_owned)
 }
 
 impl BaseApi {
@@ -256,6 +288,14 @@ mod tests {
         let libc_path = loader::object_of(libc::malloc as *const () as usize).unwrap().0;
         let why = open(&Source::Configured(libc_path), 0).err().unwrap();
         assert!(why.contains("is not an Edge-LLM plugin library"), "{why}");
+    }
+
+    #[test]
+    fn the_tensorrt_a_library_needs_is_read_from_its_file() {
+        // A library of this build's toolchain that needs no TensorRT, and a file that is no ELF.
+        let libc_path = loader::object_of(libc::malloc as *const () as usize).unwrap().0;
+        assert_eq!(needed_tensorrt(&libc_path), None);
+        assert_eq!(needed_tensorrt(Path::new("/nonexistent/lib.so")), None);
     }
 
     #[test]

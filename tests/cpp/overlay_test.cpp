@@ -315,6 +315,19 @@ TEST(OverlayBroken, OneClearErrorAndOursAlone)
     EXPECT_NE(text.find("invalid ELF header"), std::string::npos) << "and the loader's reason";
 }
 
+// A base built for another TensorRT major than the process runs: refused before it is loaded.
+TEST(OverlayWrongTensorRT, RefusedBeforeItIsLoaded)
+{
+    StderrCapture log;
+    void* ours = loadAsEdgeLlmRuntime();
+    ASSERT_NE(ours, nullptr);
+    EXPECT_EQ(fake::Registry::instance().countIn(""), 1);
+    std::string const text = log.text();
+    EXPECT_EQ(occurrences(text, "is built for libnvinfer.so.11, but this process runs libnvinfer.so.10"), 1);
+    EXPECT_EQ(dlopen(env("EDGELLM_ALLREDUCE_BASE_LIBRARY").c_str(), RTLD_LAZY | RTLD_NOLOAD), nullptr)
+        << "it was never loaded";
+}
+
 // No base installed and none named: one warning saying where it looked; ours works.
 TEST(OverlayMissing, OneWarningAndOursAlone)
 {
