@@ -148,6 +148,17 @@ void expectNoDuplicateRegistration()
     EXPECT_TRUE(refused.empty()) << "TensorRT would log a duplicate registration of " << refused.front();
 }
 
+//! Loads ours where no base can serve (off, broken, missing): only ours is registered, serving
+//! AllReducePlugin. Returns what it logged while loading.
+std::string loadAloneAndLog(void*& ours)
+{
+    StderrCapture log;
+    ours = loadAsEdgeLlmRuntime();
+    EXPECT_EQ(fake::Registry::instance().countIn(""), 1);
+    EXPECT_EQ(ownerOf("AllReducePlugin", ""), canonical(ourPath()));
+    return log.text();
+}
+
 //! The registrations of Edge-LLM's C ABI reach both libraries: ours (its C++ getter) and the
 //! base (its own unregister succeeds only for what it holds).
 void expectForwarding(void* ours)
@@ -281,12 +292,9 @@ TEST(OverlayBaseFirst, OursReplacesAllReduceAndForwardsToIt)
 // EDGELLM_ALLREDUCE_BASE_LIBRARY=none: ours alone, and the base's functions say why they cannot run.
 TEST(OverlayOff, OursAloneAndTheBasesFunctionsRefuse)
 {
-    StderrCapture log;
-    void* ours = loadAsEdgeLlmRuntime();
+    void* ours = nullptr;
+    std::string const text = loadAloneAndLog(ours);
     ASSERT_NE(ours, nullptr);
-    EXPECT_EQ(fake::Registry::instance().countIn(""), 1);
-    EXPECT_EQ(ownerOf("AllReducePlugin", ""), canonical(ourPath()));
-    std::string const text = log.text();
     EXPECT_EQ(occurrences(text, "Edge-LLM"), 0) << "the overlay being off is not worth a warning";
     auto regWeight = reinterpret_cast<RegisterWeight>(dlsym(ours, "edgellmRegisterFusedNvfp4WeightResource"));
     static uint8_t const weight[16] = {}, scale[16] = {};
@@ -303,12 +311,8 @@ TEST(OverlayOff, OursAloneAndTheBasesFunctionsRefuse)
 // A base that cannot be loaded: one clear error naming the file and the loader's reason; ours works.
 TEST(OverlayBroken, OneClearErrorAndOursAlone)
 {
-    StderrCapture log;
-    void* ours = loadAsEdgeLlmRuntime();
-    ASSERT_NE(ours, nullptr);
-    EXPECT_EQ(fake::Registry::instance().countIn(""), 1);
-    EXPECT_EQ(ownerOf("AllReducePlugin", ""), canonical(ourPath()));
-    std::string const text = log.text();
+    void* ours = nullptr;
+    std::string const text = loadAloneAndLog(ours);
     std::string const broken = env("EDGELLM_ALLREDUCE_BASE_LIBRARY");
     EXPECT_EQ(occurrences(text, "could not be loaded"), 1);
     EXPECT_NE(text.find(broken), std::string::npos) << "the error names the file";
@@ -318,11 +322,8 @@ TEST(OverlayBroken, OneClearErrorAndOursAlone)
 // A base built for another TensorRT major than the process runs: refused before it is loaded.
 TEST(OverlayWrongTensorRT, RefusedBeforeItIsLoaded)
 {
-    StderrCapture log;
-    void* ours = loadAsEdgeLlmRuntime();
-    ASSERT_NE(ours, nullptr);
-    EXPECT_EQ(fake::Registry::instance().countIn(""), 1);
-    std::string const text = log.text();
+    void* ours = nullptr;
+    std::string const text = loadAloneAndLog(ours);
     EXPECT_EQ(occurrences(text, "is built for libnvinfer.so.11, but this process runs libnvinfer.so.10"), 1);
     EXPECT_EQ(dlopen(env("EDGELLM_ALLREDUCE_BASE_LIBRARY").c_str(), RTLD_LAZY | RTLD_NOLOAD), nullptr)
         << "it was never loaded";
@@ -331,11 +332,8 @@ TEST(OverlayWrongTensorRT, RefusedBeforeItIsLoaded)
 // No base installed and none named: one warning saying where it looked; ours works.
 TEST(OverlayMissing, OneWarningAndOursAlone)
 {
-    StderrCapture log;
-    void* ours = loadAsEdgeLlmRuntime();
-    ASSERT_NE(ours, nullptr);
-    EXPECT_EQ(fake::Registry::instance().countIn(""), 1);
-    std::string const text = log.text();
+    void* ours = nullptr;
+    std::string const text = loadAloneAndLog(ours);
     EXPECT_EQ(occurrences(text, "no Edge-LLM plugin library"), 1);
     EXPECT_NE(text.find("libNvInfer_edgellm_plugin_base.so"), std::string::npos) << "it says where it looked";
 }
