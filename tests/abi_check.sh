@@ -6,7 +6,7 @@ prefix=$1
 lib="$prefix/lib/libNvInfer_edgellm_plugin.so"
 [ -L "$lib" ] || { echo "FAIL: $lib is not a symlink to the .so.1"; exit 1; }
 [ "$(readlink "$lib")" = "libNvInfer_edgellm_plugin.so.1" ] || { echo "FAIL: $lib -> $(readlink "$lib")"; exit 1; }
-dyn=$(readelf -d "$lib.1")
+dyn=$("${READELF:-readelf}" -d "$lib.1")
 grep -q 'SONAME.*\[libNvInfer_edgellm_plugin.so.1\]' <<<"$dyn" || { echo "FAIL: SONAME"; exit 1; }
 grep -q 'RUNPATH.*\[\$ORIGIN\]' <<<"$dyn" || { echo "FAIL: RUNPATH is not \$ORIGIN"; exit 1; }
 if grep -E 'NEEDED.*(nvinfer|nccl|cudart|libcuda)' <<<"$dyn"; then echo "FAIL: forbidden NEEDED entry"; exit 1; fi
@@ -59,7 +59,7 @@ vtable for trt_edgellm::plugins::AllReducePlugin
 vtable for trt_edgellm::plugins::AllReducePluginCreator
 LIST
 )
-actual=$(nm -D --defined-only "$lib.1" | awk '{print $3}' | c++filt | sort -u)
+actual=$("${NM:-nm}" -D --defined-only "$lib.1" | awk '{print $3}' | c++filt | sort -u)
 if [ "$actual" != "$(sort -u <<<"$expected")" ]; then
   echo "FAIL: exports differ from the public API"
   diff <(sort -u <<<"$expected") <(echo "$actual") || true
