@@ -153,15 +153,13 @@ pub fn device_properties(device: i32) -> Result<(i32, i32)> {
 
 /// Compute capability of `device` as major * 10 + minor (90 for sm_90).
 pub fn compute_capability(device: i32) -> Result<u32> {
-    driver()?;
-    let (mut major, mut minor) = (0, 0);
-    // SAFETY: valid out-pointers.
+    let (major, _) = device_properties(device)?;
+    let (mut dev, mut minor): (sys::CUdevice, i32) = (0, 0);
+    // SAFETY: valid out-pointers; the driver is initialised (device_properties).
     unsafe {
-        let mut dev: sys::CUdevice = 0;
         check("cuDeviceGet", sys::cuDeviceGet(&mut dev, device))?;
-        use sys::CUdevice_attribute::*;
-        check("cuDeviceGetAttribute", sys::cuDeviceGetAttribute(&mut major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev))?;
-        check("cuDeviceGetAttribute", sys::cuDeviceGetAttribute(&mut minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev))?;
+        let attribute = sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR;
+        check("cuDeviceGetAttribute", sys::cuDeviceGetAttribute(&mut minor, attribute, dev))?;
     }
     Ok((major * 10 + minor) as u32)
 }
