@@ -4,6 +4,7 @@ build's EDGELLM_CUDA_ARCHS: every fatbin (one per kernels/*.cu) holds SASS for e
 architecture and PTX of the lowest and of the newest, nothing else.
 
 Usage: kernel_images.py LIBRARY CUOBJDUMP KERNELS_DIR "ARCHS"   (ARCHS as in CMake: "80;90")
+       kernel_images.py --sizes LIBRARY   (bytes each image adds to the library, over all fatbins)
 
 The fatbins are embedded as plain data (include_bytes!), not in a .nv_fatbin section, so they
 are cut out of the library at their magic number, each by its own header's size, then handed to
@@ -32,6 +33,29 @@ def fatbins(data):
     return found
 
 
+def entry_sizes(blob):
+    """(image, bytes) of each entry of a fatbin: kind 1 PTX, 2 ELF; the arch at offset 28."""
+    at = 16
+    while at < len(blob):
+        kind, _, header, size = struct.unpack_from("<HHIQ", blob, at)
+        arch = struct.unpack_from("<I", blob, at + 28)[0]
+        yield ("compute_" if kind == 1 else "sm_") + str(arch), header + size
+        at += header + size
+
+
+def print_sizes(library):
+    with open(library, "rb") as f:
+        data = f.read()
+    totals = {}
+    for blob in fatbins(data):
+        for image, size in entry_sizes(blob):
+            totals[image] = totals.get(image, 0) + size
+    key = lambda i: (i.startswith("compute_"), int(i.split("_")[1]))
+    for image in sorted(totals, key=key):
+        print(f"{image:12} {totals[image]:>10} bytes")
+    print(f"{'library':12} {len(data):>10} bytes")
+
+
 def images(cuobjdump, blob, folder, n):
     path = os.path.join(folder, f"module{n}.fatbin")
     with open(path, "wb") as f:
@@ -44,6 +68,9 @@ def images(cuobjdump, blob, folder, n):
 
 
 def main():
+    if sys.argv[1] == "--sizes":
+        print_sizes(sys.argv[2])
+        return 0
     library, cuobjdump, kernels_dir, archs = sys.argv[1:5]
     archs = sorted({int(a) for a in re.split(r"[;, ]+", archs) if a})
     want_sass = {f"sm_{a}" for a in archs}
