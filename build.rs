@@ -224,7 +224,7 @@ fn prune(dir: &Path, keep: usize) {
     let mut entries: Vec<(std::time::SystemTime, PathBuf)> = fs::read_dir(dir)
         .map(|d| d.filter_map(|e| e.ok()).filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path()))).collect())
         .unwrap_or_default();
-    entries.sort_by(|a, b| b.0.cmp(&a.0));
+    entries.sort_by_key(|e| std::cmp::Reverse(e.0));
     for (_, path) in entries.into_iter().skip(keep) {
         fs::remove_file(path).ok();
     }
