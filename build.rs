@@ -6,15 +6,20 @@
 //! Toolchain: `CUDA_HOME` (nvcc and CUDA headers) and `EDGELLM_TRT_INCLUDE` (TensorRT headers) or
 //! `TRT_ROOT`; when they are unset, `tools/setup.sh` installs or finds them (CUDA 13.0 from PyPI,
 //! TensorRT headers from the trtx-sys crate's sources). `EDGELLM_CUDA_ARCHS` chooses the SASS
-//! targets (default "80;86;89;90;100;120", plus PTX of the newest).
+//! targets (default below), plus PTX of the lowest and of the newest (docs/PLATFORMS.md).
+//! The fatbins do not depend on the Rust target, so they are cached by content
+//! (`$EDGELLM_TOOLCHAIN_DIR/fatbin`): a cross build or another clone reuses them.
 
 use std::env;
+use std::collections::hash_map::DefaultHasher;
 use std::fmt::Write as _;
+use std::hash::{Hash, Hasher};
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const DEFAULT_ARCHS: &str = "80;86;89;90;100;120";
+/// Keep in step with CMakeLists.txt's EDGELLM_CUDA_ARCHS and docs/PLATFORMS.md.
+const DEFAULT_ARCHS: &str = "80;86;89;90;100;110;120;121";
 
 fn main() {
     let root = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
@@ -103,37 +108,126 @@ fn sorted_files(dir: &Path, ext: &str) -> Vec<PathBuf> {
     files
 }
 
-/// nvcc each kernel file into a fatbin and write `kernels.rs`: `MODULES: &[(name, fatbin)]`.
+/// The nvcc targets: SASS of each arch; PTX of the lowest, so that every GPU at least as new
+/// JIT-compiles every kernel (also the residual + RMSNorm kernel the fused op needs after NCCL),
+/// and PTX of the newest, so that a GPU newer than the list JITs code with the newest features.
+fn gencodes(archs: &str) -> (Vec<String>, Vec<String>) {
+    let mut archs: Vec<u32> = archs
+        .split([';', ',', ' '])
+        .filter(|a| !a.is_empty())
+        .map(|a| a.parse().unwrap_or_else(|_| panic!("EDGELLM_CUDA_ARCHS: {a:?} is not a number like 90")))
+        .collect();
+    archs.sort_unstable();
+    archs.dedup();
+    let (Some(&lowest), Some(&newest)) = (archs.first(), archs.last()) else { panic!("EDGELLM_CUDA_ARCHS is empty") };
+    let mut ptx = vec![lowest];
+    if newest != lowest {
+        ptx.push(newest);
+    }
+    let mut flags: Vec<String> = archs.iter().map(|a| format!("-gencode=arch=compute_{a},code=sm_{a}")).collect();
+    flags.extend(ptx.iter().map(|a| format!("-gencode=arch=compute_{a},code=compute_{a}")));
+    let images = archs.iter().map(|a| format!("sm_{a}")).chain(ptx.iter().map(|a| format!("compute_{a}"))).collect();
+    (flags, images)
+}
+
+/// nvcc each kernel file into a fatbin and write `kernels.rs`: `MODULES: &[(name, fatbin)]` and
+/// `IMAGES` (what the fatbins hold, for messages).
 fn compile_kernels(root: &Path, out: &Path, toolchain: &Toolchain) {
-    let archs = env::var("EDGELLM_CUDA_ARCHS").unwrap_or_else(|_| DEFAULT_ARCHS.to_owned());
-    let archs: Vec<&str> = archs.split([';', ',', ' ']).filter(|a| !a.is_empty()).collect();
-    let newest = archs.iter().copied().max_by_key(|a| a.parse::<u32>().unwrap_or(0)).expect("EDGELLM_CUDA_ARCHS is empty");
+    let (flags, images) = gencodes(&env::var("EDGELLM_CUDA_ARCHS").unwrap_or_else(|_| DEFAULT_ARCHS.to_owned()));
     let nvcc = toolchain.cuda_home.join("bin/nvcc");
     let kernels_dir = root.join("kernels");
     println!("cargo:rerun-if-changed={}", kernels_dir.display());
-    for header in sorted_files(&kernels_dir, "cuh").iter().chain(sorted_files(&kernels_dir, "h").iter()) {
+    let headers: Vec<PathBuf> = sorted_files(&kernels_dir, "cuh").into_iter().chain(sorted_files(&kernels_dir, "h")).collect();
+    for header in &headers {
         println!("cargo:rerun-if-changed={}", header.display());
     }
-    let mut table = String::from("/// Kernel modules compiled from kernels/*.cu: (file stem, fatbin).\npub const MODULES: &[(&str, &[u8])] = &[\n");
-    for source in sorted_files(&kernels_dir, "cu") {
-        println!("cargo:rerun-if-changed={}", source.display());
-        let stem = source.file_stem().unwrap().to_string_lossy().into_owned();
-        let fatbin = out.join(format!("{stem}.fatbin"));
-        let mut cmd = Command::new(&nvcc);
-        cmd.args(["-fatbin", "-O3", "-std=c++17", "--expt-relaxed-constexpr", "-Xptxas", "-warn-spills"])
-            .arg("-I")
-            .arg(&kernels_dir);
-        for arch in &archs {
-            cmd.arg(format!("-gencode=arch=compute_{arch},code=sm_{arch}"));
+    let mut args: Vec<String> =
+        ["-fatbin", "-O3", "-std=c++17", "--expt-relaxed-constexpr", "-Xptxas", "-warn-spills"].map(String::from).to_vec();
+    args.extend(flags);
+    // What the output depends on besides the .cu file itself: the compiler, its flags, the headers.
+    let version = Command::new(&nvcc).arg("--version").output().map(|o| o.stdout).unwrap_or_default();
+    let mut common = DefaultHasher::new();
+    (nvcc.to_string_lossy(), &version, &args).hash(&mut common);
+    for header in &headers {
+        (header.file_name(), fs::read(header).expect("reading a kernel header")).hash(&mut common);
+    }
+    let cache = fatbin_cache();
+    let sources = sorted_files(&kernels_dir, "cu");
+    // One nvcc per file, as many at once as cargo gives jobs (the compile dominates a CI build).
+    let jobs = env::var("NUM_JOBS").ok().and_then(|j| j.parse().ok()).unwrap_or(1usize).max(1);
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|scope| {
+        for _ in 0..jobs.min(sources.len()) {
+            scope.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(source) = sources.get(i) else { break };
+                let stem = source.file_stem().unwrap().to_string_lossy();
+                let mut key = common.clone();
+                fs::read(source).expect("reading a kernel source").hash(&mut key);
+                let fatbin = out.join(format!("{stem}.fatbin"));
+                let cached = cache.as_ref().map(|dir| dir.join(format!("{stem}-{:016x}.fatbin", key.finish())));
+                if let Some(hit) = cached.as_ref().filter(|c| fs::copy(c, &fatbin).is_ok()) {
+                    // Marks the entry as recently used for pruning.
+                    fs::File::options().append(true).open(hit).and_then(|f| f.set_modified(std::time::SystemTime::now())).ok();
+                    continue;
+                }
+                let status = Command::new(&nvcc)
+                    .args(&args)
+                    .arg("-I")
+                    .arg(&kernels_dir)
+                    .arg("-o")
+                    .arg(&fatbin)
+                    .arg(source)
+                    .status()
+                    .unwrap_or_else(|e| panic!("running {}: {e}", nvcc.display()));
+                assert!(status.success(), "nvcc failed on {}", source.display());
+                if let Some(cached) = cached {
+                    // Through a temporary name: a concurrent build never reads a partial file.
+                    let tmp = cached.with_extension(format!("tmp{}", std::process::id()));
+                    if fs::copy(&fatbin, &tmp).is_ok() && fs::rename(&tmp, &cached).is_err() {
+                        fs::remove_file(&tmp).ok();
+                    }
+                }
+            });
         }
-        cmd.arg(format!("-gencode=arch=compute_{newest},code=compute_{newest}"));
-        cmd.arg("-o").arg(&fatbin).arg(&source);
-        let status = cmd.status().unwrap_or_else(|e| panic!("running {}: {e}", nvcc.display()));
-        assert!(status.success(), "nvcc failed on {}", source.display());
-        writeln!(table, "    ({stem:?}, include_bytes!({:?})),", fatbin.display().to_string()).unwrap();
+    });
+    if let Some(dir) = &cache {
+        prune(dir, 64);
+    }
+    let mut table = String::from("/// Kernel modules compiled from kernels/*.cu: (file stem, fatbin).\npub const MODULES: &[(&str, &[u8])] = &[\n");
+    for source in &sources {
+        println!("cargo:rerun-if-changed={}", source.display());
+        let stem = source.file_stem().unwrap().to_string_lossy();
+        writeln!(table, "    ({stem:?}, include_bytes!({:?})),", out.join(format!("{stem}.fatbin")).display().to_string()).unwrap();
     }
     table.push_str("];\n");
+    writeln!(table, "/// The images in every fatbin (SASS sm_XY, PTX compute_XY).\npub const IMAGES: &str = {:?};", images.join(" ")).unwrap();
+    let default_images = gencodes(DEFAULT_ARCHS).1.join(" ");
+    writeln!(table, "/// The images of a build with the default EDGELLM_CUDA_ARCHS.\npub const DEFAULT_IMAGES: &str = {default_images:?};").unwrap();
     fs::write(out.join("kernels.rs"), table).unwrap();
+}
+
+/// `$EDGELLM_TOOLCHAIN_DIR/fatbin` (the toolchain's cache folder), if it can be created.
+fn fatbin_cache() -> Option<PathBuf> {
+    let base = env::var_os("EDGELLM_TOOLCHAIN_DIR").map(PathBuf::from).or_else(|| {
+        env::var_os("XDG_CACHE_HOME")
+            .map(PathBuf::from)
+            .or_else(|| env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+            .map(|c| c.join("edgellm-allreduce"))
+    })?;
+    let dir = base.join("fatbin");
+    fs::create_dir_all(&dir).ok().map(|_| dir)
+}
+
+/// Keeps the `keep` most recently used fatbins of the cache.
+fn prune(dir: &Path, keep: usize) {
+    let mut entries: Vec<(std::time::SystemTime, PathBuf)> = fs::read_dir(dir)
+        .map(|d| d.filter_map(|e| e.ok()).filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path()))).collect())
+        .unwrap_or_default();
+    entries.sort_by_key(|e| std::cmp::Reverse(e.0));
+    for (_, path) in entries.into_iter().skip(keep) {
+        fs::remove_file(path).ok();
+    }
 }
 
 /// cbindgen → include/edgellm_allreduce.h, written only when its text changes (it is committed).

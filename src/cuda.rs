@@ -151,6 +151,19 @@ pub fn device_properties(device: i32) -> Result<(i32, i32)> {
     Ok((major, sms))
 }
 
+/// Compute capability of `device` as major * 10 + minor (90 for sm_90).
+pub fn compute_capability(device: i32) -> Result<u32> {
+    let (major, _) = device_properties(device)?;
+    let (mut dev, mut minor): (sys::CUdevice, i32) = (0, 0);
+    // SAFETY: valid out-pointers; the driver is initialised (device_properties).
+    unsafe {
+        check("cuDeviceGet", sys::cuDeviceGet(&mut dev, device))?;
+        let attribute = sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR;
+        check("cuDeviceGetAttribute", sys::cuDeviceGetAttribute(&mut minor, attribute, dev))?;
+    }
+    Ok((major * 10 + minor) as u32)
+}
+
 /// Whether `stream` is being captured into a CUDA graph.
 pub fn is_capturing(stream: usize) -> Result<bool> {
     let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
@@ -165,6 +178,19 @@ pub struct Function(sys::CUfunction);
 // SAFETY: a CUfunction is an immutable handle the driver lets any thread launch.
 unsafe impl Send for Function {}
 unsafe impl Sync for Function {}
+
+impl Function {
+    /// The virtual architecture its code was compiled from (90: compute_90), i.e. for PTX
+    /// compiled at load, the PTX's: which `__CUDA_ARCH__` branches the kernel has.
+    pub fn ptx_version(&self) -> Result<i32> {
+        let mut v = 0;
+        // SAFETY: a live function handle and a valid out-pointer.
+        check("cuFuncGetAttribute", unsafe {
+            sys::cuFuncGetAttribute(&mut v, sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PTX_VERSION, self.0)
+        })?;
+        Ok(v)
+    }
+}
 
 /// Loads a fatbin into the current context and resolves `names` (missing names are None).
 pub fn load_module(image: &[u8], names: &[String]) -> Result<Vec<Option<Function>>> {

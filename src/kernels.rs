@@ -153,9 +153,14 @@ pub struct DeviceKernels {
     functions: HashMap<(Family, Op, DataType, i32), Function>,
     /// `ear_residual_rmsnorm_<t>`: residual + bias + RMSNorm alone (after NCCL, or one rank).
     norms: HashMap<DataType, Function>,
-    /// Programmatic dependent launch: sm_90 and newer.
+    /// Programmatic dependent launch: sm_90 and newer, when every kernel carries its
+    /// `griddepcontrol.wait` (code from compute_90 or newer: PTX of compute_80 JIT-compiled for an
+    /// sm_90 has none, and launched early it would read its inputs before they are written).
     pub pdl: bool,
     pub sm_count: i32,
+    /// Why some kernel modules did not load (no image for this GPU, ...): then no group forms on
+    /// this device (NCCL only), and the fused op runs only if the norm kernel loaded.
+    pub unavailable: Option<String>,
 }
 
 impl DeviceKernels {
@@ -170,9 +175,17 @@ impl DeviceKernels {
         let mut names: Vec<String> = keys.iter().map(|&(f, o, t, n)| kernel_name(f, o, t, n)).collect();
         names.extend(TYPES.map(|t| format!("ear_residual_rmsnorm_{}", type_suffix(t))));
         let (mut functions, mut norms) = (HashMap::new(), HashMap::new());
+        let mut failed: Vec<(&str, i32)> = Vec::new();
         cuda::with_device(device, || {
-            for (_, image) in MODULES {
-                let found = cuda::load_module(image, &names)?;
+            for (module, image) in MODULES {
+                let found = match cuda::load_module(image, &names) {
+                    Ok(found) => found,
+                    Err(Error::Cuda { call: "cuModuleLoadData", code }) => {
+                        failed.push((module, code));
+                        continue;
+                    }
+                    Err(e) => return Err(e),
+                };
                 for (key, f) in keys.iter().zip(&found) {
                     if let Some(f) = f {
                         functions.insert(*key, *f);
@@ -186,8 +199,30 @@ impl DeviceKernels {
             }
             Ok(())
         })?;
-        let pdl = major >= 9 && std::env::var("EDGELLM_ALLREDUCE_PDL").map_or(true, |v| v != "0");
-        Ok(DeviceKernels { functions, norms, pdl, sm_count })
+        let unavailable = (!failed.is_empty()).then(|| {
+            let cc = cuda::compute_capability(device).unwrap_or(major as u32 * 10);
+            let message = crate::kernel_images::unavailable_message(device, cc, IMAGES, &failed, norms.len() == TYPES.len());
+            crate::log::warning(&message);
+            message
+        });
+        let mut ptx_versions = functions.values().chain(norms.values()).map(|f| f.ptx_version());
+        let sm90_code = ptx_versions.try_fold(true, |all, v| v.map(|v| all && v >= 90))?;
+        let pdl = major >= 9 && sm90_code && std::env::var("EDGELLM_ALLREDUCE_PDL").map_or(true, |v| v != "0");
+        Ok(DeviceKernels { functions, norms, pdl, sm_count, unavailable })
+    }
+
+    /// Err unless every custom kernel module loaded (a group needs them on every rank).
+    pub fn require_all(&self) -> Result<()> {
+        self.unavailable.as_ref().map_or(Ok(()), |why| Err(Error::invalid(why.clone())))
+    }
+
+    /// Err unless the residual + RMSNorm kernel that the fused op runs after NCCL (or alone,
+    /// for one rank) loaded: checked at configure time, so enqueue never meets it missing.
+    pub fn require_norm(&self) -> Result<()> {
+        match &self.unavailable {
+            Some(why) if self.norms.len() < TYPES.len() => Err(Error::invalid(format!("the fused residual + RMSNorm all-reduce cannot run: {why}"))),
+            _ => Ok(()),
+        }
     }
 
     pub fn function(&self, family: Family, op: Op, dtype: DataType, nranks: i32) -> Option<Function> {
@@ -224,7 +259,9 @@ impl DeviceKernels {
     /// # Safety
     /// As [`DeviceKernels::launch_fused`]; only `ar.input` and `ar.count` of `ar` are read.
     pub unsafe fn launch_norm(&self, dtype: DataType, params: &FusedParams, stream: usize) -> Result<()> {
-        let f = *self.norms.get(&dtype).ok_or_else(|| Error::invalid(format!("no residual + RMSNorm kernel for {dtype:?}")))?;
+        let f = *self.norms.get(&dtype).ok_or_else(|| {
+            Error::invalid(format!("no residual + RMSNorm kernel for {dtype:?}: {}", self.unavailable.as_deref().unwrap_or("not found")))
+        })?;
         let block = ear_fused_block(params.hidden, dtype.size() as u32);
         // Any grid works (no spinning): one CTA per row, up to 4 waves of the machine.
         let grid = ear_fused_grid(params.tokens, (self.sm_count.max(1) as u32) * 4);

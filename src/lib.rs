@@ -15,6 +15,7 @@
 //! | [`strategy`] | which path runs a call: copy, NCCL or a custom kernel family |
 //! | [`workspace`] | per-rank workspaces, groups of ranks, peer access |
 //! | [`kernels`] | the embedded CUDA kernels and their launch rule |
+//! | [`kernel_images`] | which embedded image a GPU runs; what is said when none loads |
 //! | [`communicator`] | what a registered NCCL communicator spans |
 //! | [`tensor`] | TensorRT data types and descriptors |
 //! | [`cuda`] | the CUDA driver through cudarc, dynamically loaded |
@@ -26,6 +27,7 @@ pub mod communicator;
 pub mod cuda;
 pub mod error;
 pub mod fields;
+pub mod kernel_images;
 pub mod kernels;
 mod loader;
 pub mod log;

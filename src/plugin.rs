@@ -133,18 +133,21 @@ impl PluginCore {
 
     pub fn configure(&mut self, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
         expect_io(self, inputs.len(), outputs.len())?;
-        self.preload_kernels();
-        Ok(())
+        self.preload_kernels()
     }
 
     /// The fused op may run the residual + RMSNorm kernel without a group (one rank, or after
     /// NCCL): load the current device's kernels now, at setup, so that the first enqueue (maybe
-    /// under CUDA-graph capture) finds them loaded. Best effort: without a GPU there is nothing to
-    /// load, and enqueue reports that.
-    fn preload_kernels(&self) {
+    /// under CUDA-graph capture) finds them loaded, and fail here if that kernel cannot run on
+    /// this GPU. Otherwise best effort: without a GPU there is nothing to load, and enqueue
+    /// reports that.
+    fn preload_kernels(&self) -> Result<()> {
         if self.fused() {
-            let _ = cuda::current_device().and_then(kernels::for_device);
+            if let Ok(kernels) = cuda::current_device().and_then(kernels::for_device) {
+                kernels.require_norm()?;
+            }
         }
+        Ok(())
     }
 
     pub fn workspace_size(&self) -> usize {
@@ -153,8 +156,7 @@ impl PluginCore {
 
     pub fn on_shape_change(&mut self, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
         self.check_run_time_io(inputs, outputs)?;
-        self.preload_kernels();
-        Ok(())
+        self.preload_kernels()
     }
 
     /// Validates run-time descriptors.

@@ -115,6 +115,7 @@ impl Member {
     /// One rank's workspace and state block on `device` (whose context is current).
     fn allocate(device: i32, max_bytes: u64, nranks: i32) -> Result<Member> {
         let kernels = kernels::for_device(device)?;
+        kernels.require_all()?;
         let workspace = crate::cuda::alloc_zeroed(kernels::workspace_bytes(max_bytes, nranks) as usize)?;
         match crate::cuda::alloc_zeroed(kernels::state_bytes()) {
             Ok(state) => Ok(Member { device, workspace, state, kernels }),

@@ -10,10 +10,10 @@ lib="$prefix/lib/libNvInfer_edgellm_plugin.so"
 [ -f "$lib.1.0" ] && [ ! -L "$lib.1.0" ] || { echo "FAIL: $lib.1.0 is not the library file"; exit 1; }
 base="$prefix/lib/libNvInfer_edgellm_plugin_base.so"
 if [ -e "$base" ]; then
-  nm -D --defined-only "$base" | grep -qw initEdgellmPlugins || { echo "FAIL: $base is not Edge-LLM's plugin library"; exit 1; }
-  ! nm -D --defined-only "$base" | grep -qw edgellmAllReduceCustomRanks || { echo "FAIL: $base is ours, not Edge-LLM's"; exit 1; }
+  "${NM:-nm}" -D --defined-only "$base" | grep -qw initEdgellmPlugins || { echo "FAIL: $base is not Edge-LLM's plugin library"; exit 1; }
+  ! "${NM:-nm}" -D --defined-only "$base" | grep -qw edgellmAllReduceCustomRanks || { echo "FAIL: $base is ours, not Edge-LLM's"; exit 1; }
 fi
-dyn=$(readelf -d "$lib.1.0")
+dyn=$("${READELF:-readelf}" -d "$lib.1.0")
 grep -q 'SONAME.*\[libNvInfer_edgellm_plugin.so.1\]' <<<"$dyn" || { echo "FAIL: SONAME"; exit 1; }
 grep -q 'RUNPATH.*\[\$ORIGIN\]' <<<"$dyn" || { echo "FAIL: RUNPATH is not \$ORIGIN"; exit 1; }
 if grep -E 'NEEDED.*(nvinfer|nccl|cudart|libcuda)' <<<"$dyn"; then echo "FAIL: forbidden NEEDED entry"; exit 1; fi
@@ -69,7 +69,7 @@ vtable for trt_edgellm::plugins::AllReducePlugin
 vtable for trt_edgellm::plugins::AllReducePluginCreator
 LIST
 )
-actual=$(nm -D --defined-only "$lib.1.0" | awk '{print $3}' | c++filt | sort -u)
+actual=$("${NM:-nm}" -D --defined-only "$lib.1.0" | awk '{print $3}' | c++filt | sort -u)
 if [ "$actual" != "$(sort -u <<<"$expected")" ]; then
   echo "FAIL: exports differ from the public API"
   diff <(sort -u <<<"$expected") <(echo "$actual") || true

@@ -629,6 +629,35 @@ TEST(Gpu, FusedResidualRmsNormOneRank)
     }
 }
 
+// A library without a kernel image for this GPU (tools/gpu/no_image_check.sh builds one with
+// sm_100 SASS and PTX only and runs it on an sm_90): the plain paths are the tests above (copy,
+// NCCL); the fused op, whose norm kernel cannot run here, fails at configure time with a clear
+// error and never reaches an enqueue that would fail by surprise.
+TEST(NoKernelImage, FusedOpFailsAtConfigureTime)
+{
+    REQUIRE_GPU();
+    if (std::getenv("EDGELLM_TEST_EXPECT_NO_KERNEL_IMAGE") == nullptr)
+    {
+        GTEST_SKIP() << "run by tools/gpu/no_image_check.sh against a library without an image for this GPU";
+    }
+    FusedCase const c{4, 4096, false, DataType::kHALF};
+    for (int32_t tp : {1, 2})
+    {
+        PluginPtr p = makeFused(tp, 3, false, 1e-5F);
+        ASSERT_NE(p, nullptr) << "creating the plugin needs no kernel";
+        DynamicPluginTensorDesc in[3] = {testlib::dynamicTensor({4, 4096}, c.type), testlib::dynamicTensor({4, 4096}, c.type),
+            testlib::dynamicTensor({4096}, c.type)};
+        DynamicPluginTensorDesc out[2] = {in[0], in[0]};
+        EXPECT_EQ(testlib::views(p.get()).build->configurePlugin(in, 3, out, 2), -1) << "tp_size " << tp;
+        PluginTensorDesc rin[3] = {in[0].desc, in[1].desc, in[2].desc};
+        PluginTensorDesc rout[2] = {in[0].desc, in[0].desc};
+        EXPECT_EQ(testlib::views(p.get()).runtime->onShapeChange(rin, 3, rout, 2), -1) << "tp_size " << tp;
+        // Enqueued all the same, it fails cleanly (-1) and writes nothing.
+        FusedData d = fusedData(c, 1, 1e-5F, 5);
+        EXPECT_TRUE(runFused(p.get(), c, d, 0).first.empty()) << "tp_size " << tp;
+    }
+}
+
 // --- Multi-process: one rank per process (MPI style), ncclCommInitRank, workspaces exchanged ----
 namespace
 {
