@@ -4,9 +4,10 @@
 //!   3. the C++ TensorRT adapter (`cpp/*.cpp`) and the cxx bridge, as a whole archive.
 //!
 //! Toolchain: `CUDA_HOME` (nvcc and CUDA headers) and `EDGELLM_TRT_INCLUDE` (TensorRT headers) or
-//! `TRT_ROOT`; when they are unset, `tools/setup.sh` installs or finds them (CUDA 13.0 from PyPI,
-//! TensorRT headers from the trtx-sys crate's sources). `EDGELLM_CUDA_ARCHS` chooses the SASS
-//! targets (default "80;86;89;90;100;120", plus PTX of the newest).
+//! `TRT_ROOT`; when they are unset, what `eval "$(tools/setup.sh)"` installed (CUDA 13.0 from
+//! PyPI, TensorRT headers from the trtx-sys crate's sources). The build only looks for them: it
+//! never installs anything. `EDGELLM_CUDA_ARCHS` chooses the SASS targets (default
+//! "80;86;89;90;100;120", plus PTX of the newest).
 
 use std::env;
 use std::fmt::Write as _;
@@ -19,10 +20,10 @@ const DEFAULT_ARCHS: &str = "80;86;89;90;100;120";
 fn main() {
     let root = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
     let out = PathBuf::from(env::var("OUT_DIR").unwrap());
-    for var in ["CUDA_HOME", "EDGELLM_TRT_INCLUDE", "TRT_ROOT", "EDGELLM_CUDA_ARCHS", "EDGELLM_TOOLCHAIN_DIR"] {
+    for var in ["CUDA_HOME", "EDGELLM_TRT_INCLUDE", "TRT_ROOT", "EDGELLM_CUDA_ARCHS", "EDGELLM_TOOLCHAIN_DIR", "XDG_CACHE_HOME"] {
         println!("cargo:rerun-if-env-changed={var}");
     }
-    let toolchain = Toolchain::find(&root);
+    let toolchain = Toolchain::find();
 
     compile_kernels(&root, &out, &toolchain);
     write_c_header(&root);
@@ -60,39 +61,61 @@ struct Toolchain {
 }
 
 impl Toolchain {
-    fn find(root: &Path) -> Self {
-        let mut cuda = env::var_os("CUDA_HOME").map(PathBuf::from);
-        let mut trt = env::var_os("EDGELLM_TRT_INCLUDE")
+    /// CUDA_HOME and EDGELLM_TRT_INCLUDE (or TRT_ROOT), else what `tools/setup.sh` installed in
+    /// the toolchain cache, else nvcc on PATH. Finds, never installs: a build (an IDE's too) must
+    /// not change the machine, so a missing piece stops it with the command that installs it.
+    fn find() -> Self {
+        let cache = toolchain_cache();
+        let cuda_home = env::var_os("CUDA_HOME")
             .map(PathBuf::from)
-            .or_else(|| env::var_os("TRT_ROOT").map(|r| PathBuf::from(r).join("include")));
-        if cuda.is_none() || trt.is_none() {
-            let output = Command::new("bash")
-                .arg(root.join("tools/setup.sh"))
-                .output()
-                .expect("running tools/setup.sh");
-            assert!(
-                output.status.success(),
-                "tools/setup.sh failed (set CUDA_HOME and EDGELLM_TRT_INCLUDE or TRT_ROOT to skip it):\n{}",
-                String::from_utf8_lossy(&output.stderr)
-            );
-            for line in String::from_utf8_lossy(&output.stdout).lines() {
-                let Some((key, value)) = line.strip_prefix("export ").and_then(|l| l.split_once('=')) else { continue };
-                let value = PathBuf::from(value.trim_matches('\''));
-                match key {
-                    "CUDA_HOME" if cuda.is_none() => cuda = Some(value),
-                    "EDGELLM_TRT_INCLUDE" if trt.is_none() => trt = Some(value),
-                    _ => {}
-                }
-            }
+            .or_else(|| newest_dir(&cache, "cuda-", "nvidia/cu13/bin/nvcc").map(|d| d.join("nvidia/cu13")))
+            .or_else(nvcc_on_path)
+            .unwrap_or_else(|| missing("the CUDA compiler (nvcc)", "CUDA_HOME"));
+        let trt_include = env::var_os("EDGELLM_TRT_INCLUDE")
+            .map(PathBuf::from)
+            .or_else(|| env::var_os("TRT_ROOT").map(|r| PathBuf::from(r).join("include")))
+            .or_else(|| newest_dir(&cache, "trt-10.", "NvInferRuntime.h"))
+            .unwrap_or_else(|| missing("the TensorRT 10 headers", "EDGELLM_TRT_INCLUDE (or TRT_ROOT)"));
+        if !cuda_home.join("bin/nvcc").exists() {
+            missing(&format!("nvcc under {}", cuda_home.display()), "CUDA_HOME");
         }
-        let toolchain = Toolchain { cuda_home: cuda.expect("CUDA_HOME"), trt_include: trt.expect("TensorRT headers") };
-        assert!(
-            toolchain.trt_include.join("NvInferRuntime.h").exists(),
-            "no NvInferRuntime.h in {}",
-            toolchain.trt_include.display()
-        );
-        toolchain
+        if !trt_include.join("NvInferRuntime.h").exists() {
+            missing(&format!("NvInferRuntime.h in {}", trt_include.display()), "EDGELLM_TRT_INCLUDE");
+        }
+        Toolchain { cuda_home, trt_include }
     }
+}
+
+/// Where tools/setup.sh installs the toolchain.
+fn toolchain_cache() -> PathBuf {
+    env::var_os("EDGELLM_TOOLCHAIN_DIR").map(PathBuf::from).unwrap_or_else(|| {
+        let cache = env::var_os("XDG_CACHE_HOME")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(env::var_os("HOME").unwrap_or_default()).join(".cache"));
+        cache.join("edgellm-allreduce")
+    })
+}
+
+/// The last (by name) folder of `dir` named `prefix*` that holds `file`.
+fn newest_dir(dir: &Path, prefix: &str, file: &str) -> Option<PathBuf> {
+    let mut found: Vec<PathBuf> = fs::read_dir(dir)
+        .ok()?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with(prefix)) && p.join(file).exists())
+        .collect();
+    found.sort();
+    found.pop()
+}
+
+fn nvcc_on_path() -> Option<PathBuf> {
+    env::split_paths(&env::var_os("PATH")?).find(|d| d.join("nvcc").is_file()).and_then(|bin| bin.parent().map(Path::to_path_buf))
+}
+
+fn missing(what: &str, variable: &str) -> ! {
+    panic!(
+        "{what} not found. Set {variable}, or install the toolchain into {} with\n    eval \"$(tools/setup.sh)\"\n(the CUDA 13.0 compiler from PyPI, TensorRT headers from the trtx-sys crate; cmake and GoogleTest from apt)",
+        toolchain_cache().display()
+    )
 }
 
 fn sorted_files(dir: &Path, ext: &str) -> Vec<PathBuf> {
@@ -144,10 +167,13 @@ fn write_c_header(root: &Path) {
         .with_src(root.join("src/abi.rs"))
         .generate()
         .expect("cbindgen could not generate the C header");
+    write_if_changed(&header, &root.join("include/edgellm_allreduce.h"));
+}
+
+fn write_if_changed(header: &cbindgen::Bindings, path: &Path) {
     let mut text = Vec::new();
     header.write(&mut text);
-    let path = root.join("include/edgellm_allreduce.h");
-    if fs::read(&path).ok().as_deref() != Some(&text[..]) {
-        fs::write(&path, &text).expect("writing include/edgellm_allreduce.h");
+    if fs::read(path).ok().as_deref() != Some(&text[..]) {
+        fs::write(path, &text).unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
     }
 }
