@@ -3,7 +3,7 @@
 //! panic never crosses this boundary.
 
 use crate::error::{guard, Error};
-use crate::{registry, workspace};
+use crate::{groups, registry};
 use std::ffi::{c_char, c_int, c_void, CStr};
 
 /// Registers the NCCL communicator that AllReducePlugin instances running on CUDA device
@@ -20,7 +20,7 @@ pub extern "C" fn edgellmRegisterNcclCommForAllReducePlugin(
     guard("edgellmRegisterNcclCommForAllReducePlugin", || {
         registry::register(deviceId, ncclComm as usize, ncclAllReduceFunction as usize)?;
         // Forms the custom-kernel group once all of the communicator's ranks are registered here.
-        workspace::on_register(deviceId, registry::get(deviceId).expect("just registered"), false);
+        groups::on_register(deviceId, registry::get(deviceId).expect("just registered"), false);
         Ok(())
     })
     .is_ok()
@@ -33,7 +33,7 @@ pub extern "C" fn edgellmRegisterNcclCommForAllReducePlugin(
 pub extern "C" fn edgellmUnregisterNcclCommForAllReducePlugin(deviceId: c_int, ncclComm: *mut c_void) -> bool {
     guard("edgellmUnregisterNcclCommForAllReducePlugin", || {
         registry::unregister(deviceId, ncclComm as usize)?;
-        workspace::forget(deviceId);
+        groups::forget(deviceId);
         Ok(())
     })
     .is_ok()
@@ -58,12 +58,12 @@ pub extern "C" fn initEdgellmPlugins(logger: *mut c_void, libNamespace: *const c
             // SAFETY: a non-null libNamespace is a NUL-terminated string (the C API contract).
             unsafe { CStr::from_ptr(libNamespace) }
                 .to_str()
-                .map_err(|_| Error::invalid("libNamespace is not valid UTF-8"))?
+                .map_err(|_| Error::NamespaceNotUtf8)?
         };
         if crate::ffi::register_creator_in_namespace(namespace) {
             Ok(())
         } else {
-            Err(Error::invalid(format!("TensorRT refused to register AllReducePlugin in namespace '{namespace}'")))
+            Err(Error::RegistryRefused(namespace.to_owned()))
         }
     })
     .is_ok()
@@ -75,7 +75,7 @@ pub extern "C" fn initEdgellmPlugins(logger: *mut c_void, libNamespace: *const c
 #[no_mangle]
 #[allow(non_snake_case)]
 pub extern "C" fn edgellmAllReduceCustomRanks(deviceId: c_int) -> c_int {
-    guard("edgellmAllReduceCustomRanks", || Ok(workspace::group_for(deviceId).map_or(0, |(g, _)| g.nranks))).unwrap_or(0)
+    guard("edgellmAllReduceCustomRanks", || Ok(groups::group_for(deviceId).map_or(0, |(g, _)| g.nranks))).unwrap_or(0)
 }
 
 /// Sets up the custom-kernel workspaces of the communicator registered for `deviceId`, for
@@ -88,12 +88,11 @@ pub extern "C" fn edgellmAllReduceCustomRanks(deviceId: c_int) -> c_int {
 #[allow(non_snake_case)]
 pub extern "C" fn edgellmAllReduceSetupWorkspaces(deviceId: c_int) -> bool {
     guard("edgellmAllReduceSetupWorkspaces", || {
-        let registration = registry::get(deviceId)
-            .ok_or_else(|| Error::invalid(format!("no communicator is registered for device {deviceId}")))?;
-        if workspace::group_for(deviceId).is_none() {
-            workspace::on_register(deviceId, registration, true);
+        let registration = registry::get(deviceId).ok_or(Error::NothingRegistered(deviceId))?;
+        if groups::group_for(deviceId).is_none() {
+            groups::on_register(deviceId, registration, true);
         }
-        Ok(workspace::group_for(deviceId).is_some())
+        Ok(groups::group_for(deviceId).is_some())
     })
     .unwrap_or(false)
 }
@@ -106,8 +105,8 @@ pub extern "C" fn edgellmAllReduceSetupWorkspaces(deviceId: c_int) -> bool {
 #[allow(non_snake_case)]
 pub extern "C" fn edgellmAllReduceReleaseWorkspaces(deviceId: c_int) -> bool {
     guard("edgellmAllReduceReleaseWorkspaces", || {
-        let had = workspace::group_for(deviceId).is_some();
-        workspace::forget(deviceId);
+        let had = groups::group_for(deviceId).is_some();
+        groups::forget(deviceId);
         Ok(had)
     })
     .unwrap_or(false)

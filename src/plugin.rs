@@ -2,14 +2,17 @@
 //! shapes, formats, and what `enqueue` runs. The C++ class in `cpp/` only adapts TensorRT's
 //! interfaces to these methods.
 
+use crate::cuda::{self, DevicePtr, Stream};
 use crate::error::{Error, Result};
-use crate::fields::{self, IncomingField, PluginConfig};
 use crate::ffi::TensorDesc;
+use crate::fields::{self, IncomingField, PluginConfig};
+use crate::group::Group;
+use crate::launch::{FusedCall, Message};
 use crate::strategy::{self, Call, Fallback, Path};
 use crate::tensor::{self, DataType, LINEAR};
-use crate::workspace::FusedCall;
-use crate::{cuda, kernels, nccl, registry, workspace};
+use crate::{groups, kernels, nccl, registry};
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
 
 /// State of one plugin instance: its configuration (what its fields say).
 #[derive(Clone, Debug)]
@@ -34,9 +37,7 @@ fn expect_io(core: &PluginCore, nb_inputs: usize, nb_outputs: usize) -> Result<(
         } else {
             "one input and one output"
         };
-        return Err(Error::invalid(format!(
-            "AllReducePlugin takes {want_in} inputs and {want_out} outputs, {what}; got {nb_inputs} inputs and {nb_outputs} outputs"
-        )));
+        return Err(Error::TensorCount { want_in, want_out, got_in: nb_inputs, got_out: nb_outputs, what });
     }
     Ok(())
 }
@@ -86,10 +87,9 @@ impl PluginCore {
     /// Every output has the type of the inputs, which must all be FP32, FP16 or BF16 alike.
     pub fn output_types(&self, input_types: &[i32], output_types: &mut [i32]) -> Result<()> {
         expect_io(self, input_types.len(), output_types.len())?;
-        DataType::from_trt(input_types[0])
-            .ok_or_else(|| Error::invalid(format!("unsupported input type {} (supported: kFLOAT, kHALF, kBF16)", input_types[0])))?;
-        if let Some(i) = input_types.iter().position(|&t| t != input_types[0]) {
-            return Err(Error::invalid(format!("input {i} has type {}, input 0 has {}: all must match", input_types[i], input_types[0])));
+        DataType::from_trt(input_types[0]).ok_or(Error::UnsupportedType(input_types[0]))?;
+        if let Some(index) = input_types.iter().position(|&t| t != input_types[0]) {
+            return Err(Error::TypeMismatch { index, dtype: input_types[index], first: input_types[0] });
         }
         output_types.fill(input_types[0]);
         Ok(())
@@ -102,17 +102,17 @@ impl PluginCore {
         if self.fused() {
             let x = &inputs[0];
             if !(1..=8).contains(&x.nb_dims) {
-                return Err(Error::invalid("x must have 1 to 8 dimensions, the last one the hidden size"));
+                return Err(Error::shape("x must have 1 to 8 dimensions, the last one the hidden size"));
             }
             let known_equal = |a: i64, b: i64| a < 0 || b < 0 || a == b;
             let r = &inputs[1];
             if r.nb_dims != x.nb_dims || (0..x.nb_dims as usize).any(|i| !known_equal(r.dims[i], x.dims[i])) {
-                return Err(Error::invalid("residual must have the shape of x"));
+                return Err(Error::shape("residual must have the shape of x"));
             }
             let hidden = x.dims[x.nb_dims as usize - 1];
             for (name, w) in [("gamma", &inputs[2])].into_iter().chain(inputs.get(3).map(|b| ("bias", b))) {
                 if w.nb_dims != 1 || !known_equal(w.dims[0], hidden) {
-                    return Err(Error::invalid(format!("{name} must be 1-D of the hidden size (x's last dimension)")));
+                    return Err(Error::shape(format!("{name} must be 1-D of the hidden size (x's last dimension)")));
                 }
             }
         }
@@ -161,13 +161,13 @@ impl PluginCore {
     fn check_run_time_io(&self, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<Shape> {
         expect_io(self, inputs.len(), outputs.len())?;
         let dtype = tensor::data_type(&inputs[0])?;
-        if let Some((i, d)) = inputs.iter().chain(outputs).enumerate().find(|(_, d)| d.dtype != inputs[0].dtype) {
-            return Err(Error::invalid(format!("tensor {i} has type {}, x has {}: all must match", d.dtype, inputs[0].dtype)));
+        if let Some((index, d)) = inputs.iter().chain(outputs).enumerate().find(|(_, d)| d.dtype != inputs[0].dtype) {
+            return Err(Error::TypeMismatch { index, dtype: d.dtype, first: inputs[0].dtype });
         }
         let count = tensor::element_count(&inputs[0])?;
         for (i, out) in outputs.iter().enumerate() {
             if !same_dims(out, &inputs[0]) {
-                return Err(Error::invalid(format!("output {i} must have the input's shape")));
+                return Err(Error::shape(format!("output {i} must have the input's shape")));
             }
         }
         if !self.fused() {
@@ -175,16 +175,16 @@ impl PluginCore {
         }
         let x = &inputs[0];
         if x.nb_dims < 1 {
-            return Err(Error::invalid("x must have at least one dimension (the hidden size)"));
+            return Err(Error::shape("x must have at least one dimension (the hidden size)"));
         }
         let hidden = x.dims[x.nb_dims as usize - 1];
-        let hidden = u32::try_from(hidden).ok().filter(|&h| h > 0).ok_or_else(|| Error::invalid(format!("invalid hidden size {hidden}")))?;
+        let hidden = u32::try_from(hidden).ok().filter(|&h| h > 0).ok_or_else(|| Error::shape(format!("invalid hidden size {hidden}")))?;
         if !same_dims(&inputs[1], x) {
-            return Err(Error::invalid("residual must have the shape of x"));
+            return Err(Error::shape("residual must have the shape of x"));
         }
         for (name, w) in [("gamma", &inputs[2])].into_iter().chain(inputs.get(3).map(|b| ("bias", b))) {
             if tensor::element_count(w)? != hidden as usize {
-                return Err(Error::invalid(format!("{name} must hold {hidden} elements (the hidden size)")));
+                return Err(Error::shape(format!("{name} must hold {hidden} elements (the hidden size)")));
             }
         }
         Ok(Shape { count, dtype, rows: Some(((count / hidden as usize) as u64, hidden)) })
@@ -205,37 +205,38 @@ impl PluginCore {
             return Ok(());
         }
         if input_ptrs.iter().chain(output_ptrs).any(|&p| p == 0) {
-            return Err(Error::invalid(format!("null tensor address (inputs {input_ptrs:x?}, outputs {output_ptrs:x?})")));
+            return Err(Error::NullTensor { inputs: input_ptrs.to_vec(), outputs: output_ptrs.to_vec() });
         }
+        let (ptr, stream) = (|p: usize| DevicePtr(p as u64), Stream(stream));
         match shape.rows {
-            None => self.enqueue_all_reduce(shape, input_ptrs[0], output_ptrs[0], stream),
+            None => self.enqueue_all_reduce(shape, ptr(input_ptrs[0]), ptr(output_ptrs[0]), stream),
             Some((tokens, hidden)) => {
                 let call = FusedCall {
-                    x: input_ptrs[0],
-                    residual: input_ptrs[1],
-                    gamma: input_ptrs[2],
-                    bias: input_ptrs.get(3).copied().unwrap_or(0),
-                    normed: output_ptrs[0],
-                    residual_out: output_ptrs[1],
+                    x: ptr(input_ptrs[0]),
+                    residual: ptr(input_ptrs[1]),
+                    gamma: ptr(input_ptrs[2]),
+                    bias: ptr(input_ptrs.get(3).copied().unwrap_or(0)),
+                    normed: ptr(output_ptrs[0]),
+                    residual_out: ptr(output_ptrs[1]),
                     tokens,
                     hidden,
                     eps: self.config.eps,
                 };
                 if input_ptrs.iter().chain(output_ptrs).any(|&p| p % 16 != 0) {
-                    return Err(Error::invalid("the fused residual + RMSNorm all-reduce needs 16-byte aligned tensors"));
+                    return Err(Error::Unaligned);
                 }
                 self.enqueue_fused(shape, &call, stream)
             }
         }
     }
 
-    fn enqueue_all_reduce(&self, shape: Shape, input: usize, output: usize, stream: usize) -> Result<()> {
+    fn enqueue_all_reduce(&self, shape: Shape, input: DevicePtr, output: DevicePtr, stream: Stream) -> Result<()> {
         let Shape { count, dtype, .. } = shape;
         if self.config.tp_size <= 1 {
             // SAFETY: TensorRT hands enqueue device buffers of the described sizes on `stream`.
             return if input == output { Ok(()) } else { unsafe { cuda::copy_async(output, input, count * dtype.size(), stream) } };
         }
-        let (_, registration, group, decision) = self.decide(shape, (input | output).is_multiple_of(16), stream)?;
+        let (_, registration, group, decision) = self.decide(shape, (input.0 | output.0).is_multiple_of(16), stream)?;
         match (decision.path, group) {
             // SAFETY: every rank of the group takes this same path for this call (the choice is a
             // function of what they share); the buffers are TensorRT's, aligned as checked.
@@ -250,7 +251,7 @@ impl PluginCore {
 
     /// The fused op: a fused kernel family, or a plain all-reduce (custom or NCCL) of x into
     /// `normed` followed by one residual + bias + RMSNorm kernel; one rank: that kernel alone.
-    fn enqueue_fused(&self, shape: Shape, call: &FusedCall, stream: usize) -> Result<()> {
+    fn enqueue_fused(&self, shape: Shape, call: &FusedCall, stream: Stream) -> Result<()> {
         let dtype = shape.dtype;
         if self.config.tp_size <= 1 {
             let kernels = kernels::for_device(cuda::current_device()?)?;
@@ -288,20 +289,20 @@ impl PluginCore {
         &self,
         shape: Shape,
         aligned: bool,
-        stream: usize,
-    ) -> Result<(i32, registry::Registration, Option<(std::sync::Arc<workspace::Group>, i32)>, strategy::Decision)> {
+        stream: Stream,
+    ) -> Result<(i32, registry::Registration, Option<(Arc<Group>, i32)>, strategy::Decision)> {
         let requested = strategy::requested(&self.config);
         let device = cuda::current_device()?;
         let registration =
             registry::get(device).ok_or(Error::NotRegistered { device, tp_size: self.config.tp_size })?;
-        let group = workspace::group_for(device);
+        let group = groups::group_for(device);
         let call = Call {
             tp_size: self.config.tp_size,
             dtype: shape.dtype,
-            message: workspace::Message { bytes: (shape.count * shape.dtype.size()) as u64, rows: shape.rows },
+            message: Message { bytes: (shape.count * shape.dtype.size()) as u64, rows: shape.rows },
             aligned,
         };
-        let decision = strategy::choose(requested, &call, group.as_ref().map(|(g, _)| &**g as &dyn strategy::Capability));
+        let decision = strategy::choose(requested, &call, group.as_ref().map(|(g, _)| &**g as &dyn crate::launch::Fits));
         if let Some(reason) = decision.fallback {
             report_fallback(device, requested, reason, stream);
         }
@@ -315,7 +316,7 @@ impl PluginCore {
 
 /// Logs each kind of fallback once per process: a warning when a strategy was forced, an info
 /// line under AUTO (plus one when a CUDA graph captures the NCCL path because no workspace exists).
-fn report_fallback(device: i32, requested: strategy::Requested, reason: Fallback, stream: usize) {
+fn report_fallback(device: i32, requested: strategy::Requested, reason: Fallback, stream: Stream) {
     static LOGGED: AtomicU32 = AtomicU32::new(0);
     let forced = requested != strategy::Requested::Auto;
     let bit = 1u32 << (reason as u32 * 2 + forced as u32);

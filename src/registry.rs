@@ -29,12 +29,10 @@ fn lock() -> MutexGuard<'static, Option<HashMap<i32, Registration>>> {
 
 pub fn register(device: i32, comm: usize, all_reduce: usize) -> Result<()> {
     if device < 0 {
-        return Err(Error::invalid(format!("cannot register a communicator for negative CUDA device id {device}")));
+        return Err(Error::NegativeDevice(device));
     }
     if comm == 0 || all_reduce == 0 {
-        return Err(Error::invalid(format!(
-            "cannot register device {device}: ncclComm ({comm:#x}) and ncclAllReduce ({all_reduce:#x}) must both be non-null"
-        )));
+        return Err(Error::NullRegistration { device, comm, all_reduce });
     }
     let previous = lock().get_or_insert_with(HashMap::new).insert(device, Registration { comm, all_reduce });
     LAST_ALL_REDUCE.store(all_reduce, Ordering::Release);
@@ -56,11 +54,8 @@ pub fn unregister(device: i32, comm: usize) -> Result<()> {
             }
             Ok(())
         }
-        Some(r) => Err(Error::invalid(format!(
-            "cannot unregister device {device}: communicator {comm:#x} is not the registered one ({:#x})",
-            r.comm
-        ))),
-        None => Err(Error::invalid(format!("cannot unregister device {device}: nothing is registered for it"))),
+        Some(r) => Err(Error::OtherCommunicator { device, comm, registered: r.comm }),
+        None => Err(Error::NothingRegistered(device)),
     }
 }
 
