@@ -38,15 +38,15 @@
  *
  * ---------------------------------------------------------------------------------------
  * Launch rule (host):
- *   - block = EAR_BLOCK_THREADS threads for ear_oneshot_* / ear_twoshot_*; for ear_lamport_*
- *     any multiple of 32 in [32, EAR_BLOCK_THREADS], EAR_LAMPORT_BLOCK(vecs, max_blocks)
+ *   - block = EAR_BLOCK_THREADS threads for ear_oneshot_barrier_* / ear_twoshot_polled_*; for
+ *     ear_oneshot_lamport_* any multiple of 32 in [32, EAR_BLOCK_THREADS], EAR_LAMPORT_BLOCK(vecs, max_blocks)
  *     suggested (and then grid = EAR_LAMPORT_GRID(vecs, max_blocks)). No dynamic shared
  *     memory, the params by value as the only argument. The PDL attribute (programmatic
  *     stream serialization) is optional.
  *   - grid  = EAR_GRID(work_vecs, max_blocks) with
  *         vecs      = ceil(count * elem_size / 16)
- *         work_vecs = vecs                      for ear_oneshot_* and ear_lamport_*
- *                   = ceil(vecs / nranks)       for ear_twoshot_*
+ *         work_vecs = vecs                      for ear_oneshot_barrier_*, ear_oneshot_lamport_*
+ *                   = ceil(vecs / nranks)       for ear_twoshot_polled_*
  *         max_blocks in [1, EAR_MAX_BLOCKS]     (tunable; the library uses EAR_MAX_BLOCKS)
  *     Any grid in [1, EAR_MAX_BLOCKS] is correct; what is REQUIRED is that the grid (and
  *     block, count, dtype, family) is IDENTICAL on every rank for the same call, and that every
@@ -128,7 +128,7 @@
                   ? (uint64_t)(max_blocks)                                                \
                   : EAR_CEIL_DIV((work_vecs), EAR_BLOCK_THREADS)))
 
-/* Lamport block (ear_lamport_* only; see the launch rule): enough threads that the grid
+/* Lamport block (ear_oneshot_lamport_* only; see the launch rule): enough threads that the grid
  * reaches max_blocks CTAs before a CTA grows past EAR_BLOCK_THREADS, at least
  * EAR_LAMPORT_MIN_THREADS: mid-size messages are spread over more SMs (an SM's NVLink
  * stores and polls are the limit there, not the thread count). */
@@ -167,11 +167,11 @@ _Static_assert(sizeof(void*) == 8, "64-bit targets only");
  * pure function of the stored residual_out.
  *
  * Kernels (all take EarFusedParams by value as the only argument):
- *   ear_oneshot_norm_<t>_n<N>   one-shot (pull), 1 barrier, shares seq / banks / slots
- *   ear_twoshot_norm_<t>_n<N>   two-shot (push RS + push AG), 2 barriers, shares seq
- *   ear_lamport_norm_<t>_n<N>   Lamport one-shot (push), no barrier, shares lam_seq
- *   ear_residual_rmsnorm_<t>    no ranks, no workspace (after an NCCL all-reduce):
- *                               ar.input = x, ar.count = tokens*hidden, rest of ar ignored
+ *   ear_oneshot_barrier_norm_<t>_n<N>   one-shot (pull), 1 barrier, shares seq / banks / slots
+ *   ear_twoshot_barrier_norm_<t>_n<N>   two-shot (push RS + push AG), 2 barriers, shares seq
+ *   ear_oneshot_lamport_norm_<t>_n<N>   Lamport one-shot (push), no barrier, shares lam_seq
+ *   ear_residual_rmsnorm_<t>            no ranks, no workspace (after an NCCL all-reduce):
+ *                                       ar.input = x, ar.count = tokens*hidden, rest ignored
  *   t in {f32, f16, bf16}, N in {2, 4, 6, 8, 16}.
  *
  * Launch rule (host):
@@ -179,7 +179,7 @@ _Static_assert(sizeof(void*) == 8, "64-bit targets only");
  *     any other block size traps. It depends only on (hidden, dtype), so it is identical on
  *     every rank; the per-row sum of squares is reduced in a fixed order for that block size.
  *   - grid  = EAR_FUSED_GRID(tokens, max_blocks): CTA b handles token rows b, b+grid, ...;
- *     for ear_lamport_norm_*, ear_fused_lamport_grid_of(tokens, hidden, elem, max_blocks),
+ *     for ear_oneshot_lamport_norm_*, ear_fused_lamport_grid_of(tokens, hidden, elem, max_blocks),
  *     which may exceed tokens: every CTA pushes (unless normed == x), CTAs b < tokens also
  *     reduce.
  *     Rank families: max_blocks in [1, EAR_MAX_BLOCKS]; any grid in [1, EAR_MAX_BLOCKS] is correct; the

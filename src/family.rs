@@ -45,20 +45,20 @@ impl std::fmt::Display for Op {
 impl Family {
     pub const ALL: [Family; 3] = [Family::OneShot, Family::TwoShot, Family::Lamport];
 
-    /// The stem of the family's kernel names, `<algorithm>_<sync>`: `ear_<stem>_<t>_n<N>`, and
-    /// `ear_<stem>_norm_<t>_n<N>` for the fused op (the `EAR_DEFINE_*KERNEL` lines of its `.cu`).
+    /// The stem of the family's kernel names, `<algorithm>_<sync>[_norm]`: `ear_<stem>_<t>_n<N>`
+    /// (the `EAR_DEFINE_*KERNEL` lines at the end of its `.cu`).
     pub(crate) fn stem(self, op: Op) -> &'static str {
         match (self, op) {
             // Stage, one flag barrier, pull (oneshot.cu).
-            (Family::OneShot, Op::AllReduce) => "oneshot",
+            (Family::OneShot, Op::AllReduce) => "oneshot_barrier",
             // Data polled like Lamport's, above 8 MiB paced by per-chunk flags (twoshot.cu).
-            (Family::TwoShot, Op::AllReduce) => "twoshot",
+            (Family::TwoShot, Op::AllReduce) => "twoshot_polled",
             // Push, the payload its own flag: no barrier (lamport.cu).
-            (Family::Lamport, Op::AllReduce) => "lamport",
+            (Family::Lamport, Op::AllReduce) => "oneshot_lamport",
             // The fused kernels (fused_norm.cu): one barrier, two barriers, none.
-            (Family::OneShot, Op::ResidualRmsNorm) => "oneshot_norm",
-            (Family::TwoShot, Op::ResidualRmsNorm) => "twoshot_norm",
-            (Family::Lamport, Op::ResidualRmsNorm) => "lamport_norm",
+            (Family::OneShot, Op::ResidualRmsNorm) => "oneshot_barrier_norm",
+            (Family::TwoShot, Op::ResidualRmsNorm) => "twoshot_barrier_norm",
+            (Family::Lamport, Op::ResidualRmsNorm) => "oneshot_lamport_norm",
         }
     }
 
@@ -194,9 +194,9 @@ mod tests {
 
     #[test]
     fn kernel_names_say_algorithm_and_sync() {
-        assert_eq!(kernel_name(Family::Lamport, Op::AllReduce, DataType::Bf16, 8), "ear_lamport_bf16_n8");
-        assert_eq!(kernel_name(Family::OneShot, Op::ResidualRmsNorm, DataType::Half, 2), "ear_oneshot_norm_f16_n2");
-        assert_eq!(kernel_name(Family::TwoShot, Op::AllReduce, DataType::Float, 16), "ear_twoshot_f32_n16");
+        assert_eq!(kernel_name(Family::Lamport, Op::AllReduce, DataType::Bf16, 8), "ear_oneshot_lamport_bf16_n8");
+        assert_eq!(kernel_name(Family::OneShot, Op::ResidualRmsNorm, DataType::Half, 2), "ear_oneshot_barrier_norm_f16_n2");
+        assert_eq!(kernel_name(Family::TwoShot, Op::AllReduce, DataType::Float, 16), "ear_twoshot_polled_f32_n16");
         assert_eq!(norm_kernel_name(DataType::Float), "ear_residual_rmsnorm_f32");
     }
 

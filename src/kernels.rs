@@ -88,4 +88,24 @@ mod tests {
         }
         assert!(MODULES.iter().all(|(_, image)| image.len() > 1024), "fatbins are not empty");
     }
+
+    /// The names Rust asks the driver for are the names the kernel files define (the
+    /// fatbins hold their ELF symbol tables uncompressed), so neither side can drift alone.
+    #[test]
+    fn every_kernel_the_loader_asks_for_is_in_a_fatbin() {
+        let holds = |name: &str| {
+            let needle = format!("{name}\0");
+            MODULES.iter().any(|(_, image)| image.windows(needle.len()).any(|w| w == needle.as_bytes()))
+        };
+        let mut names: Vec<String> = TYPES.map(family::norm_kernel_name).to_vec();
+        for f in Family::ALL {
+            for op in [Op::AllReduce, Op::ResidualRmsNorm] {
+                names.extend(TYPES.iter().flat_map(|&t| RANK_COUNTS.map(|n| family::kernel_name(f, op, t, n))));
+            }
+        }
+        assert_eq!(names.len(), 3 + 2 * 3 * 3 * 5);
+        let missing: Vec<_> = names.iter().filter(|n| !holds(n)).collect();
+        assert!(missing.is_empty(), "kernels missing from the fatbins: {missing:?}");
+        assert!(!holds("ear_oneshot_f16_n2"), "the names before they said their sync method are gone");
+    }
 }

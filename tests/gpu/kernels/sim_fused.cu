@@ -39,9 +39,9 @@ constexpr uint32_t kTagRes = 100, kTagBias = 101, kTagGamma = 102;
 static bool is_plain(int fam) { return fam >= P_ONESHOT; }
 
 static const void* kFused[3][3][5] = {
-    {EAR_ROW(oneshot_norm, f32), EAR_ROW(oneshot_norm, f16), EAR_ROW(oneshot_norm, bf16)},
-    {EAR_ROW(twoshot_norm, f32), EAR_ROW(twoshot_norm, f16), EAR_ROW(twoshot_norm, bf16)},
-    {EAR_ROW(lamport_norm, f32), EAR_ROW(lamport_norm, f16), EAR_ROW(lamport_norm, bf16)},
+    {EAR_ROW(oneshot_barrier_norm, f32), EAR_ROW(oneshot_barrier_norm, f16), EAR_ROW(oneshot_barrier_norm, bf16)},
+    {EAR_ROW(twoshot_barrier_norm, f32), EAR_ROW(twoshot_barrier_norm, f16), EAR_ROW(twoshot_barrier_norm, bf16)},
+    {EAR_ROW(oneshot_lamport_norm, f32), EAR_ROW(oneshot_lamport_norm, f16), EAR_ROW(oneshot_lamport_norm, bf16)},
 };
 static const void* kNormKernels[3] = {(const void*)ear_residual_rmsnorm_f32,
                                       (const void*)ear_residual_rmsnorm_f16,
