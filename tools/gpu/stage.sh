@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Copies what the GPU machine runs into .carry/ (git-ignored), stripped: the built library, the
-# gtest binaries, the Rust GPU test binary, the two kernel simulations and the NVLink probe.
+# gtest binaries, the Rust GPU test binary, the benchmark, the two kernel simulations and the
+# NVLink probe.
 # Run after tools/install.sh.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -11,11 +12,13 @@ archs=$(grep -oP '^EDGELLM_CUDA_ARCHS:STRING=\K.*' "$root/build/CMakeCache.txt")
 rust_test=$(cd "$root" && EDGELLM_CUDA_ARCHS=${archs//;/,} cargo test --release --no-run 2>&1 |
   grep -oP 'Executable tests/gpu_simulated_ranks.rs \(\K[^)]+')
 cp "$root/$rust_test" "$root/.carry/rust_gpu_simulated_ranks"
+(cd "$root" && EDGELLM_CUDA_ARCHS=${archs//;/,} cargo build --release -q -p edgellm-allreduce-bench)
+cp "$root/target/release/edgellm-allreduce-bench" "$root/.carry/"
 for sim in sim_ranks sim_fused; do
   SIM_NAME=$sim SIM_OUT="$root/.carry" SIM_BUILD_ONLY=1 "$root/tests/gpu/kernels/build_and_run.sh"
 done
 # The NVLink ceiling probe (2+ GPUs): push, pull, copy engine, TMA, one way and both ways.
 "$CUDA_HOME/bin/nvcc" -O3 -std=c++17 -arch=sm_90 -L"$CUDA_HOME/lib" -Werror all-warnings \
   "$root/tools/gpu/nvlink_probe.cu" -o "$root/.carry/nvlink_probe"
-strip "$root/.carry"/edgellm_plugin_tests_trt* "$root/.carry/rust_gpu_simulated_ranks"
+strip "$root/.carry"/edgellm_plugin_tests_trt* "$root/.carry/rust_gpu_simulated_ranks" "$root/.carry/edgellm-allreduce-bench"
 du -sh "$root/.carry"
