@@ -158,7 +158,7 @@ _Static_assert(sizeof(void*) == 8, "64-bit targets only");
 /* ---------------------------------------------------------------------------------------
  * Fused all-reduce + residual (+ bias) + RMSNorm: kernels/fused_norm.cu (ADDITIONS ONLY:
  * nothing above changes; the fused kernels use the same workspace regions, signal slots,
- * state counters and launch contract as the plain families, see docs/KERNELS.md).
+ * state counters and launch contract as the plain families: the top of fused_norm.cu).
  *
  *   residual_out = round_T( ((((+0.0f + x_0) + x_1) + ... + x_{N-1}) + bias) + residual )
  *   normed       = round_T( (float(residual_out) * s) * gamma ),

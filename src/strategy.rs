@@ -33,9 +33,9 @@ pub type RankTable<T> = &'static [(i32, &'static [(u64, T)])];
 /// (first entry whose bound is >= the bytes); `None` is NCCL.
 ///
 /// 2 ranks: measured on 2 x H200 (NV18), bf16, graph replay, 128 CTAs (docs/PERFORMANCE.md,
-/// docs/runs/2026-11-29-2xh200-pipelined-real_g20.txt): Lamport is the fastest family up to
-/// its 2 MiB cap, two-shot from there to 64 MiB (14.8 and 27.6 us at 4 and 8 MiB against
-/// one-shot's 17.4 and 31.1, 52.9 at 16 MiB against 62.4 and NCCL's 75.8), NCCL above (the
+/// docs/runs/2026-11-30-2xh200-s2-final-real_g20.txt): Lamport is the fastest family up to
+/// its 2 MiB cap, two-shot from there to 64 MiB (14.9 and 27.6 us at 4 and 8 MiB against
+/// one-shot's 17.3 and 31.1, 52.3 at 16 MiB against 62.4 and NCCL's 76.7), NCCL above (the
 /// workspace rarely goes past 64 MiB). 4 and more ranks: provisional, from the one-GPU
 /// simulation (Lamport best up to 256 KiB at 4 ranks, 32-64 KiB at 8;
 /// docs/runs/2026-11-29-h200-final-sim48-crossovers_g20.txt) and published crossovers (vLLM:
