@@ -196,7 +196,7 @@ fn main() {
 }
 
 fn read_csv(path: &Path) -> Option<Vec<record::Record>> {
-    let parsed = std::fs::read_to_string(path).map_err(|e| e.to_string()).and_then(|t| record::parse_csv(&t));
+    let parsed = std::fs::read_to_string(path).map_err(anyhow::Error::from).and_then(|t| record::parse_csv(&t));
     parsed.map_err(|e| eprintln!("error: {}: {e}", path.display())).ok()
 }
 
