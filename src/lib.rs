@@ -9,7 +9,7 @@
 //! | module | owns |
 //! |---|---|
 //! | `bridge`, [`abi`] | the entry points: the cxx bridge's Rust side, the C ABI (`edgellm*`, `initEdgellmPlugins`) |
-//! | `plugin` | shapes, types, formats, enqueue dispatch |
+//! | `plugin`, `io` | the plugin's decisions and enqueue dispatch; its tensors' counts, types, shapes, formats |
 //! | `fields` | plugin fields: parse, validate, serialize |
 //! | `strategy` | which path runs a call: copy, NCCL or a custom kernel family |
 //! | `launch` | the launcher: fits, grid and block, parameters, launch |
@@ -42,6 +42,7 @@ mod family;
 mod fields;
 mod group;
 mod groups;
+mod io;
 mod kernels;
 mod launch;
 mod log;
