@@ -1,8 +1,7 @@
-//! One error type for the whole core. Every entry point from C or C++ converts it into a
-//! TensorRT status code (or `false`/null) after logging it once; nothing unwinds across the ABI.
+//! One error type for the whole core (a leaf: it names no other module's types). Every entry
+//! point from C or C++ converts it into a TensorRT status code (or `false`/null) after logging
+//! it once; nothing unwinds across the ABI.
 
-use crate::family::{Family, Op};
-use crate::tensor::DataType;
 use cudarc::driver::DriverError;
 use thiserror::Error;
 
@@ -64,8 +63,8 @@ pub enum Error {
     RegistryRefused(String),
 
     // Groups and their workspaces.
-    #[error("no custom kernels for {0} ranks (they exist for {counts:?})", counts = crate::family::RANK_COUNTS)]
-    RankCount(i32),
+    #[error("no custom kernels for {nranks} ranks (they exist for {supported:?})")]
+    RankCount { nranks: i32, supported: &'static [i32] },
 
     #[error("two ranks on device {0}")]
     SharedDevice(i32),
@@ -86,11 +85,8 @@ pub enum Error {
     NcclSymbol(&'static str),
 
     // Kernels, CUDA and NCCL.
-    #[error("no {family:?} {op} kernel for {dtype:?} and {nranks} ranks")]
-    NoKernel { family: Family, op: Op, dtype: DataType, nranks: i32 },
-
-    #[error("no residual + RMSNorm kernel for {0:?}")]
-    NoNormKernel(DataType),
+    #[error("kernel {0} is not in the embedded modules")]
+    NoKernel(String),
 
     #[error("the CUDA driver (libcuda.so.1) could not be loaded: a GPU and its driver are needed for this call")]
     NoDriver,

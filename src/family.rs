@@ -33,15 +33,6 @@ pub enum Op {
     ResidualRmsNorm,
 }
 
-impl std::fmt::Display for Op {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Op::AllReduce => "all-reduce",
-            Op::ResidualRmsNorm => "all-reduce + residual + RMSNorm",
-        })
-    }
-}
-
 impl Family {
     pub const ALL: [Family; 3] = [Family::OneShot, Family::TwoShot, Family::Lamport];
 

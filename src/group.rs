@@ -82,7 +82,7 @@ impl Group {
     /// A group of `nranks` with no memory yet (the exchange fills it in).
     pub(crate) fn empty(nranks: i32, max_bytes: u64, max_blocks: u32) -> Result<Group> {
         if !RANK_COUNTS.contains(&nranks) {
-            return Err(Error::RankCount(nranks));
+            return Err(Error::RankCount { nranks, supported: &RANK_COUNTS });
         }
         let members = (0..nranks).map(|_| None).collect();
         Ok(Group { nranks, max_bytes, max_blocks, members, imported: Vec::new(), peer_ws: [DevicePtr::NULL; EAR_MAX_RANKS] })
@@ -159,7 +159,7 @@ mod tests {
 
     #[test]
     fn only_rank_counts_with_kernels_form_groups() {
-        assert!(matches!(Group::empty(3, 1 << 20, 1), Err(Error::RankCount(3))));
+        assert!(matches!(Group::empty(3, 1 << 20, 1), Err(Error::RankCount { nranks: 3, .. })));
         let g = Group::empty(2, 1 << 20, 1).unwrap();
         assert!(matches!(g.member(0), Err(Error::RankNotLocal(0))), "an empty group drives no rank");
         assert!(g.kernels().is_none());

@@ -4,7 +4,6 @@
 
 use crate::error::{Error, Result};
 use crate::ffi::TensorDesc;
-use crate::plugin::PluginCore;
 use crate::tensor::{self, DataType, LINEAR};
 
 /// What a run-time call carries, once its descriptors are checked.
@@ -16,28 +15,37 @@ pub(crate) struct Shape {
     pub rows: Option<(u64, u32)>,
 }
 
-pub(crate) fn expect_io(core: &PluginCore, nb_inputs: usize, nb_outputs: usize) -> Result<()> {
-    let (want_in, want_out) = (core.nb_inputs() as usize, core.nb_outputs() as usize);
-    if nb_inputs != want_in || nb_outputs != want_out {
-        let what = if core.fused() {
-            if core.config().has_bias { "(x, residual, gamma, bias) -> (normed, residual_out)" } else { "(x, residual, gamma) -> (normed, residual_out)" }
-        } else {
-            "one input and one output"
-        };
-        return Err(Error::TensorCount { want_in, want_out, got_in: nb_inputs, got_out: nb_outputs, what });
-    }
-    Ok(())
+/// The plugin's interface, from its configuration: the plain all-reduce, or the fused op with
+/// or without a bias input.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Io {
+    pub fused: bool,
+    pub has_bias: bool,
 }
 
 fn same_dims(a: &TensorDesc, b: &TensorDesc) -> bool {
     a.nb_dims == b.nb_dims && a.dims[..a.nb_dims.clamp(0, 8) as usize] == b.dims[..b.nb_dims.clamp(0, 8) as usize]
 }
 
-impl PluginCore {
+impl Io {
+    /// Checks the number of inputs and outputs TensorRT passes.
+    pub fn expect(&self, nb_inputs: usize, nb_outputs: usize) -> Result<()> {
+        let (want_in, want_out) = (self.nb_inputs() as usize, self.nb_outputs() as usize);
+        if nb_inputs != want_in || nb_outputs != want_out {
+            let what = if self.fused {
+                if self.has_bias { "(x, residual, gamma, bias) -> (normed, residual_out)" } else { "(x, residual, gamma) -> (normed, residual_out)" }
+            } else {
+                "one input and one output"
+            };
+            return Err(Error::TensorCount { want_in, want_out, got_in: nb_inputs, got_out: nb_outputs, what });
+        }
+        Ok(())
+    }
+
     /// 1 (x), or for the fused op 3 (x, residual, gamma) or 4 (+ bias).
     pub fn nb_inputs(&self) -> i32 {
-        if self.fused() {
-            3 + self.config().has_bias as i32
+        if self.fused {
+            3 + self.has_bias as i32
         } else {
             1
         }
@@ -45,7 +53,7 @@ impl PluginCore {
 
     /// 1 (the sum), or for the fused op 2 (normed, residual_out).
     pub fn nb_outputs(&self) -> i32 {
-        if self.fused() {
+        if self.fused {
             2
         } else {
             1
@@ -54,7 +62,7 @@ impl PluginCore {
 
     /// Every output has the type of the inputs, which must all be FP32, FP16 or BF16 alike.
     pub fn output_types(&self, input_types: &[i32], output_types: &mut [i32]) -> Result<()> {
-        expect_io(self, input_types.len(), output_types.len())?;
+        self.expect(input_types.len(), output_types.len())?;
         DataType::from_trt(input_types[0]).ok_or(Error::UnsupportedType(input_types[0]))?;
         if let Some(index) = input_types.iter().position(|&t| t != input_types[0]) {
             return Err(Error::TypeMismatch { index, dtype: input_types[index], first: input_types[0] });
@@ -66,8 +74,8 @@ impl PluginCore {
     /// For each output, the index of the input whose shape it has (always x). For the fused op
     /// also checks what is known at build time: residual like x, gamma and bias of x's last dim.
     pub fn output_shape_sources(&self, inputs: &[TensorDesc], sources: &mut [i32]) -> Result<()> {
-        expect_io(self, inputs.len(), sources.len())?;
-        if self.fused() {
+        self.expect(inputs.len(), sources.len())?;
+        if self.fused {
             let x = &inputs[0];
             if !(1..=8).contains(&x.nb_dims) {
                 return Err(Error::shape("x must have 1 to 8 dimensions, the last one the hidden size"));
@@ -100,8 +108,8 @@ impl PluginCore {
     }
 
     /// Validates run-time descriptors.
-    pub(crate) fn check_run_time_io(&self, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<Shape> {
-        expect_io(self, inputs.len(), outputs.len())?;
+    pub fn check_run_time_io(&self, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<Shape> {
+        self.expect(inputs.len(), outputs.len())?;
         let dtype = tensor::data_type(&inputs[0])?;
         if let Some((index, d)) = inputs.iter().chain(outputs).enumerate().find(|(_, d)| d.dtype != inputs[0].dtype) {
             return Err(Error::TypeMismatch { index, dtype: d.dtype, first: inputs[0].dtype });
@@ -112,7 +120,7 @@ impl PluginCore {
                 return Err(Error::shape(format!("output {i} must have the input's shape")));
             }
         }
-        if !self.fused() {
+        if !self.fused {
             return Ok(Shape { count, dtype, rows: None });
         }
         let x = &inputs[0];
@@ -135,7 +143,7 @@ impl PluginCore {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use crate::plugin::PluginCore;
     use crate::fields::PluginConfig;
     use crate::tensor::desc;
 

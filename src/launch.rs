@@ -77,7 +77,7 @@ impl FusedCall {
     /// Every address must be a 16-byte aligned device buffer of the current device of the
     /// described size; `x_reduced` may equal `normed`.
     pub unsafe fn launch_norm(&self, kernels: &DeviceKernels, dtype: DataType, x_reduced: DevicePtr, stream: Stream) -> Result<()> {
-        let f = kernels.norm(dtype).ok_or(Error::NoNormKernel(dtype))?;
+        let f = kernels.norm(dtype).ok_or_else(|| Error::NoKernel(family::norm_kernel_name(dtype)))?;
         // The kernel reads only ar.input and ar.count of `ar`.
         let ar = EarAllReduceParams {
             peer_ws: [std::ptr::null_mut(); crate::contract::EAR_MAX_RANKS],
@@ -126,12 +126,8 @@ impl Group {
     #[allow(clippy::too_many_arguments)] // one call's operands, as enqueue receives them
     pub unsafe fn launch(&self, rank: i32, family: Family, dtype: DataType, input: DevicePtr, output: DevicePtr, count: usize, stream: Stream) -> Result<()> {
         let (kernels, params) = self.rank_params(rank, input, output, count as u64)?;
-        let f = kernels.function(family, Op::AllReduce, dtype, self.nranks).ok_or(Error::NoKernel {
-            family,
-            op: Op::AllReduce,
-            dtype,
-            nranks: self.nranks,
-        })?;
+        let op = Op::AllReduce;
+        let f = kernels.function(family, op, dtype, self.nranks).ok_or_else(|| Error::NoKernel(family::kernel_name(family, op, dtype, self.nranks)))?;
         let vecs = (params.count * dtype.size() as u64).div_ceil(16);
         let (grid, block) = family.grid_block(vecs, self.nranks, self.max_blocks);
         // SAFETY: the caller's buffers; the workspaces and state block are the group's, alive
@@ -146,7 +142,7 @@ impl Group {
     pub unsafe fn launch_fused(&self, rank: i32, family: Family, dtype: DataType, call: &FusedCall, stream: Stream) -> Result<()> {
         let (kernels, ar) = self.rank_params(rank, call.x, DevicePtr::NULL, call.tokens * call.hidden as u64)?;
         let op = Op::ResidualRmsNorm;
-        let f = kernels.function(family, op, dtype, self.nranks).ok_or(Error::NoKernel { family, op, dtype, nranks: self.nranks })?;
+        let f = kernels.function(family, op, dtype, self.nranks).ok_or_else(|| Error::NoKernel(family::kernel_name(family, op, dtype, self.nranks)))?;
         let (grid, block) = family.fused_grid_block(call.tokens, call.hidden, dtype.size(), self.max_blocks);
         // SAFETY: as in launch.
         unsafe { cuda::launch(f, grid, block, stream, &call.params(ar), kernels.pdl) }

@@ -9,7 +9,7 @@ use crate::fields::{self, IncomingField, PluginConfig};
 use crate::group::Group;
 use crate::launch::{FusedCall, Message};
 use crate::strategy::{self, Call, Fallback, Path};
-use crate::io::{expect_io, Shape};
+use crate::io::{Io, Shape};
 use crate::{groups, kernels, nccl, registry};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
@@ -36,12 +36,43 @@ impl PluginCore {
         &self.config
     }
 
-    pub(crate) fn fused(&self) -> bool {
+    fn fused(&self) -> bool {
         self.config.fuses_residual_rms_norm()
     }
 
+    /// Its inputs and outputs (`crate::io`).
+    fn io(&self) -> Io {
+        Io { fused: self.fused(), has_bias: self.config.has_bias }
+    }
+
+    /// 1 (x), or for the fused op 3 (x, residual, gamma) or 4 (+ bias).
+    pub fn nb_inputs(&self) -> i32 {
+        self.io().nb_inputs()
+    }
+
+    /// 1 (the sum), or for the fused op 2 (normed, residual_out).
+    pub fn nb_outputs(&self) -> i32 {
+        self.io().nb_outputs()
+    }
+
+    /// Every output has the type of the inputs, which must all be FP32, FP16 or BF16 alike.
+    pub fn output_types(&self, input_types: &[i32], output_types: &mut [i32]) -> Result<()> {
+        self.io().output_types(input_types, output_types)
+    }
+
+    /// For each output, the index of the input whose shape it has (always x); for the fused op
+    /// also checks what is known at build time.
+    pub fn output_shape_sources(&self, inputs: &[TensorDesc], sources: &mut [i32]) -> Result<()> {
+        self.io().output_shape_sources(inputs, sources)
+    }
+
+    /// LINEAR; FP32/FP16/BF16; every tensor of the first one's type.
+    pub fn supports_format(&self, pos: i32, in_out: &[TensorDesc], nb_inputs: i32) -> bool {
+        self.io().supports_format(pos, in_out, nb_inputs)
+    }
+
     pub fn configure(&mut self, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
-        expect_io(self, inputs.len(), outputs.len())?;
+        self.io().expect(inputs.len(), outputs.len())?;
         self.preload_kernels();
         Ok(())
     }
@@ -61,7 +92,7 @@ impl PluginCore {
     }
 
     pub fn on_shape_change(&mut self, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
-        self.check_run_time_io(inputs, outputs)?;
+        self.io().check_run_time_io(inputs, outputs)?;
         self.preload_kernels();
         Ok(())
     }
@@ -75,8 +106,8 @@ impl PluginCore {
         output_ptrs: &[usize],
         stream: usize,
     ) -> Result<()> {
-        let shape = self.check_run_time_io(inputs, outputs)?;
-        expect_io(self, input_ptrs.len(), output_ptrs.len())?;
+        let shape = self.io().check_run_time_io(inputs, outputs)?;
+        self.io().expect(input_ptrs.len(), output_ptrs.len())?;
         if shape.count == 0 {
             return Ok(());
         }
