@@ -166,12 +166,7 @@ fn compile_kernels(root: &Path, out: &Path, toolchain: &Toolchain) {
 /// cbindgen → include/edgellm_allreduce.h, written only when its text changes (it is committed).
 fn write_c_header(root: &Path) {
     let config = cbindgen::Config::from_file(root.join("cbindgen.toml")).expect("cbindgen.toml");
-    let header = cbindgen::Builder::new()
-        .with_config(config)
-        .with_src(root.join("src/abi.rs"))
-        .generate()
-        .expect("cbindgen could not generate the C header");
-    write_if_changed(&header, &root.join("include/edgellm_allreduce.h"));
+    generate(config, &root.join("src/abi.rs"), &root.join("include/edgellm_allreduce.h"));
 }
 
 /// cbindgen → kernels/ear_contract.h from src/contract.rs (committed; the kernel simulations
@@ -195,15 +190,16 @@ fn write_kernel_contract(root: &Path) {
     // No function uses the parameter blocks on the C side: name them.
     config.export.include = vec!["EarAllReduceParams".to_owned(), "EarFusedParams".to_owned()];
     config.parse.parse_deps = false;
-    let header = cbindgen::Builder::new()
-        .with_config(config)
-        .with_src(root.join("src/contract.rs"))
-        .generate()
-        .expect("cbindgen could not generate kernels/ear_contract.h");
-    write_if_changed(&header, &root.join("kernels/ear_contract.h"));
+    generate(config, &root.join("src/contract.rs"), &root.join("kernels/ear_contract.h"));
 }
 
-fn write_if_changed(header: &cbindgen::Bindings, path: &Path) {
+/// cbindgen of `src` into `path`, written only when its text changes.
+fn generate(config: cbindgen::Config, src: &Path, path: &Path) {
+    let header = cbindgen::Builder::new()
+        .with_config(config)
+        .with_src(src)
+        .generate()
+        .unwrap_or_else(|e| panic!("cbindgen could not generate {}: {e}", path.display()));
     let mut text = Vec::new();
     header.write(&mut text);
     if fs::read(path).ok().as_deref() != Some(&text[..]) {

@@ -143,20 +143,10 @@ impl Io {
 
 #[cfg(test)]
 mod tests {
-    use crate::plugin::PluginCore;
     use crate::fields::PluginConfig;
+    use crate::plugin::tests::{fused, plugin};
+    use crate::plugin::PluginCore;
     use crate::tensor::desc;
-
-    fn plugin(tp: i32) -> PluginCore {
-        PluginCore::new(PluginConfig::with_tp_size(tp).unwrap()).unwrap()
-    }
-
-    fn fused(tp: i32, bias: bool) -> PluginCore {
-        let mut c = PluginConfig::with_tp_size(tp).unwrap();
-        c.fusion_op = crate::fields::FusionOp::ResidualRmsNorm;
-        c.has_bias = bias;
-        PluginCore::new(c).unwrap()
-    }
 
     #[test]
     fn one_output_of_the_input_type() {

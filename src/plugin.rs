@@ -244,11 +244,11 @@ fn report_fallback(device: i32, requested: strategy::Requested, reason: Fallback
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::tensor::desc;
 
-    fn plugin(tp: i32) -> PluginCore {
+    pub(crate) fn plugin(tp: i32) -> PluginCore {
         PluginCore::new(PluginConfig::with_tp_size(tp).unwrap()).unwrap()
     }
 
@@ -277,7 +277,7 @@ mod tests {
         plugin(1).enqueue(&[a], &[a], &[0x10], &[0x10], 0).unwrap();
     }
 
-    fn fused(tp: i32, bias: bool) -> PluginCore {
+    pub(crate) fn fused(tp: i32, bias: bool) -> PluginCore {
         let mut c = PluginConfig::with_tp_size(tp).unwrap();
         c.fusion_op = crate::fields::FusionOp::ResidualRmsNorm;
         c.has_bias = bias;
