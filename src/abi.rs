@@ -3,7 +3,8 @@
 //! panic never crosses this boundary.
 
 use crate::error::{guard, Error};
-use crate::{groups, registry};
+use crate::registry::{self, Comm};
+use crate::groups;
 use std::ffi::{c_char, c_int, c_void, CStr};
 
 /// Registers the NCCL communicator that AllReducePlugin instances running on CUDA device
@@ -18,7 +19,7 @@ pub extern "C" fn edgellmRegisterNcclCommForAllReducePlugin(
     ncclAllReduceFunction: *mut c_void,
 ) -> bool {
     guard("edgellmRegisterNcclCommForAllReducePlugin", || {
-        registry::register(deviceId, ncclComm as usize, ncclAllReduceFunction as usize)?;
+        registry::register(deviceId, Comm(ncclComm as usize), ncclAllReduceFunction as usize)?;
         // Forms the custom-kernel group once all of the communicator's ranks are registered here.
         groups::on_register(deviceId, registry::get(deviceId).expect("just registered"), false);
         Ok(())
@@ -32,7 +33,7 @@ pub extern "C" fn edgellmRegisterNcclCommForAllReducePlugin(
 #[allow(non_snake_case)]
 pub extern "C" fn edgellmUnregisterNcclCommForAllReducePlugin(deviceId: c_int, ncclComm: *mut c_void) -> bool {
     guard("edgellmUnregisterNcclCommForAllReducePlugin", || {
-        registry::unregister(deviceId, ncclComm as usize)?;
+        registry::unregister(deviceId, Comm(ncclComm as usize))?;
         groups::forget(deviceId);
         Ok(())
     })

@@ -98,7 +98,7 @@ pub(crate) fn creator_field_names() -> Vec<FieldValue> {
 pub(crate) fn nccl_registration(device: i32) -> NcclRegistration {
     guard_or("getNcclRegistrationForDevice", NcclRegistration { comm: 0, all_reduce: 0 }, || {
         let r = registry::get(device);
-        NcclRegistration { comm: r.map_or(0, |r| r.comm), all_reduce: r.map_or(0, |r| r.all_reduce) }
+        NcclRegistration { comm: r.map_or(0, |r| r.comm.0), all_reduce: r.map_or(0, |r| r.all_reduce) }
     })
 }
 

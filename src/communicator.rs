@@ -39,7 +39,7 @@ pub fn describe(registration: &Registration) -> Option<CommInfo> {
         let f = unsafe { lib.get::<Query>(name) }.ok()?;
         let mut value: c_int = -1;
         // SAFETY: the runtime registered a live communicator of this NCCL.
-        (unsafe { f(registration.comm as *mut c_void, &mut value) } == 0).then_some(value)
+        (unsafe { f(registration.comm.raw(), &mut value) } == 0).then_some(value)
     };
     Some(CommInfo {
         nranks: ask(b"ncclCommCount\0")?,
@@ -70,7 +70,7 @@ pub fn all_gather(registration: &Registration, nranks: i32, mine: &[u8]) -> Resu
                     scratch.offset(n as u64).as_mut(),
                     n,
                     NCCL_UINT8,
-                    registration.comm as *mut c_void,
+                    registration.comm.raw(),
                     stream.0 as *mut c_void,
                 )
             };

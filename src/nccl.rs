@@ -41,7 +41,7 @@ pub unsafe fn all_reduce(
     let f: AllReduceFn = unsafe { std::mem::transmute::<usize, AllReduceFn>(registration.all_reduce) };
     // SAFETY: the caller's buffers, communicator and stream.
     let code = unsafe {
-        f(input.as_const(), output.as_mut(), count, dtype_code(dtype), SUM, registration.comm as *mut c_void, stream.0 as *mut c_void)
+        f(input.as_const(), output.as_mut(), count, dtype_code(dtype), SUM, registration.comm.raw(), stream.0 as *mut c_void)
     };
     if code != 0 {
         return Err(Error::Nccl(code));
@@ -70,7 +70,7 @@ mod tests {
 
     #[test]
     fn calls_the_registered_function_with_edge_llm_arguments() {
-        let r = Registration { comm: 0xc0, all_reduce: fake as *const () as usize };
+        let r = Registration { comm: crate::registry::Comm(0xc0), all_reduce: fake as *const () as usize };
         let (a, b, s) = (DevicePtr(0x10), DevicePtr(0x20), Stream(0x30));
         // SAFETY: the fake reads nothing.
         unsafe { all_reduce(r, a, b, 4096, DataType::Bf16, s) }.unwrap();
