@@ -543,6 +543,7 @@ std::pair<std::vector<uint8_t>, std::vector<uint8_t>> runFused(IPluginV3* plugin
     void const* ins[4] = {x.ptr, res.ptr, gamma.ptr, bias.ptr};
     void* outs[2] = {normed.ptr, resOut.ptr};
     std::pair<std::vector<uint8_t>, std::vector<uint8_t>> result;
+    cudaDeviceSynchronize(); // the copies and poison above are in place before `stream` runs
     auto enqueue = [&] { return testlib::views(plugin).runtime->enqueue(in, out, ins, outs, nullptr, stream); };
     int32_t status = -1;
     if (kernels != nullptr)
@@ -689,7 +690,8 @@ TEST(Gpu, TwoRanksSumThroughEveryStrategy)
                         results[r].resize(host.size());
                         cudaMemcpy(results[r].data(), out.ptr, host.size(), cudaMemcpyDeviceToHost);
                         // The same call again, captured: which kernels it launches, and the replay's sum.
-                        cudaMemset(out.ptr, 0xff, host.size());
+                        cudaMemsetAsync(out.ptr, 0xff, host.size(), stream);
+                        cudaStreamSynchronize(stream);
                         kernels[r] = launchedKernels(stream, enqueue, graphStatus[r]);
                         replayed[r].resize(host.size());
                         cudaMemcpy(replayed[r].data(), out.ptr, host.size(), cudaMemcpyDeviceToHost);
