@@ -1,7 +1,7 @@
 //! edgellm-allreduce: a drop-in replacement for TensorRT-Edge-LLM's AllReduce plugin library.
 //!
 //! TensorRT talks to C++ (`cpp/`), C++ talks to Rust (the bridge below, implemented in
-//! [`bridge`]), Rust decides and launches. One enqueue, in four files: `plugin.rs`
+//! `bridge.rs`), Rust decides and launches. One enqueue, in four files: `plugin.rs`
 //! (`PluginCore::enqueue`: checks the tensors) → `strategy.rs` (`choose`: copy, NCCL or a kernel
 //! family) → `launch.rs` (`Group::launch`: grid, block, parameters) → `cuda.rs`
 //! (`cuLaunchKernelEx`).
