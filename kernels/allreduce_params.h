@@ -8,7 +8,7 @@
  * protocol changes EAR_PROTOCOL_ID (src/contract.rs).
  *
  * Protocols, ordering and why slot reuse is safe: the top of each kernel file (oneshot.cu,
- * twoshot.cu, lamport.cu, fused_norm.cu).
+ * twoshot.cu, lamport.cu and their *_norm.cu).
  *
  * ---------------------------------------------------------------------------------------
  * Workspace of ONE rank: one device allocation, zero-filled by the host at creation, never
@@ -156,9 +156,9 @@ _Static_assert(sizeof(void*) == 8, "64-bit targets only");
 #endif
 
 /* ---------------------------------------------------------------------------------------
- * Fused all-reduce + residual (+ bias) + RMSNorm: kernels/fused_norm.cu (ADDITIONS ONLY:
+ * Fused all-reduce + residual (+ bias) + RMSNorm: kernels/*_norm.cu, rmsnorm.cu (ADDITIONS ONLY:
  * nothing above changes; the fused kernels use the same workspace regions, signal slots,
- * state counters and launch contract as the plain families: the top of fused_norm.cu).
+ * state counters and launch contract as the plain families: the top of each *_norm.cu).
  *
  *   residual_out = round_T( ((((+0.0f + x_0) + x_1) + ... + x_{N-1}) + bias) + residual )
  *   normed       = round_T( (float(residual_out) * s) * gamma ),

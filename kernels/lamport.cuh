@@ -8,7 +8,7 @@
 
 namespace ear {
 
-// Two-shot stage rule (twoshot.cu, fused_norm.cu). Messages above kTwoShotPacedAbove
+// Two-shot stage rule (twoshot.cu, twoshot_norm.cu). Messages above kTwoShotPacedAbove
 // bytes are paced by per-chunk flags; smaller ones poll the stage, and so read only the
 // first twoshot_polled_seg(N) vectors of a stage row. Every call leaves that prefix of the
 // rows it read zeroed (a large call zeroes nothing else: the zeroing is an HBM pass).
@@ -17,7 +17,7 @@ __host__ __device__ constexpr uint64_t twoshot_polled_seg(int n) {
   return (kTwoShotPacedAbove / EAR_VEC_BYTES + n - 1) / n;
 }
 
-// Lamport payload rule (lamport.cu, fused_norm.cu): an all-zero 32-bit word means "not
+// Lamport payload rule (lamport.cu, lamport_norm.cu): an all-zero 32-bit word means "not
 // arrived"; senders send all-zero words as 0x80000000 (-0 bits).
 __device__ __forceinline__ uint32_t lamport_word(uint32_t w) { return w == 0u ? 0x80000000u : w; }
 __device__ __forceinline__ uint4 lamport_sanitize(uint4 v) {

@@ -1,5 +1,5 @@
 // rows.cuh: token rows of the fused all-reduce + residual (+ bias) + RMSNorm kernels
-// (fused_norm.cu): exact unpacking to fp32, row chunks with element-wise tails, and the
+// (fused.cuh): exact unpacking to fp32, row chunks with element-wise tails, and the
 // fixed-order CTA sum of the norm.
 #pragma once
 
@@ -88,7 +88,7 @@ __device__ __forceinline__ float block_sum(float v) {
 
 }  // namespace ear
 
-// ear_<FAMILY>_<TNAME>_n<N>(EarFusedParams) running BODY<T, N> on every CTA (fused_norm.cu).
+// ear_<FAMILY>_<TNAME>_n<N>(EarFusedParams) running BODY<T, N> on every CTA (*_norm.cu).
 #define EAR_DEFINE_FUSED_KERNEL(FAMILY, BODY, TNAME, T, N)                                 \
   extern "C" __global__ void __launch_bounds__(EAR_FUSED_MAX_THREADS, 1)                    \
       ear_##FAMILY##_##TNAME##_n##N(const EarFusedParams params) {                         \

@@ -127,7 +127,7 @@ __device__ __forceinline__ void finish_call() { pdl_trigger(); }
 // work, or loads of data known to have arrived). It is as safe as finish_call's: when every
 // CTA has triggered, every peer CTA they waited on has started, and the dependent's CTAs,
 // which wait for this grid only, take free SMs from a grid that no longer needs any. The
-// dependent's launch then overlaps this call's epilogue (the fused kernels, fused_norm.cu).
+// dependent's launch then overlaps this call's epilogue (the fused kernels, fused.cuh).
 // All threads of the CTA call it; finish_call's trigger is then a no-op.
 __device__ __forceinline__ void peers_done() { pdl_trigger(); }
 

@@ -55,7 +55,7 @@
 //     vector r scattered to it for (s, j) in call seq+1, i.e. after r's call seq completed.
 //   Within a call every slot is written once, so a poll never sees an older call's value.
 //   One-shot calls use a disjoint region (their bank rule rests on the same "complete only
-//   after every peer started" property). The fused two-shot (fused_norm.cu) uses the same
+//   after every peer started" property). The fused two-shot (twoshot_norm.cu) uses the same
 //   stage rows and gather and leaves the gather and the stage's polled prefix zeroed too.
 //
 // Cost per rank: 2*(N-1)/N*S NVLink writes, local reads and zeroing; paced: a flag round

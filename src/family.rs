@@ -46,7 +46,8 @@ impl Family {
             (Family::TwoShot, Op::AllReduce) => "twoshot_polled",
             // Push, the payload its own flag: no barrier (lamport.cu).
             (Family::Lamport, Op::AllReduce) => "oneshot_lamport",
-            // The fused kernels (fused_norm.cu): one barrier, two barriers, none.
+            // The fused kernels (oneshot_norm.cu, twoshot_norm.cu, lamport_norm.cu): one barrier,
+            // two barriers, none.
             (Family::OneShot, Op::ResidualRmsNorm) => "oneshot_barrier_norm",
             (Family::TwoShot, Op::ResidualRmsNorm) => "twoshot_barrier_norm",
             (Family::Lamport, Op::ResidualRmsNorm) => "oneshot_lamport_norm",

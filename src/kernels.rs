@@ -83,7 +83,7 @@ mod tests {
     #[test]
     fn every_kernel_file_is_embedded() {
         let names: Vec<_> = MODULES.iter().map(|(n, _)| *n).collect();
-        for family in ["oneshot", "twoshot", "lamport", "fused_norm"] {
+        for family in ["oneshot", "twoshot", "lamport", "oneshot_norm", "twoshot_norm", "lamport_norm", "rmsnorm"] {
             assert!(names.contains(&family), "{family} missing from {names:?}");
         }
         assert!(MODULES.iter().all(|(_, image)| image.len() > 1024), "fatbins are not empty");
