@@ -156,7 +156,8 @@ _Static_assert(sizeof(void*) == 8, "64-bit targets only");
 #endif
 
 /* ---------------------------------------------------------------------------------------
- * Fused all-reduce + residual (+ bias) + RMSNorm: kernels/*_norm.cu, rmsnorm.cu (ADDITIONS ONLY:
+ * Fused all-reduce + residual (+ bias) + RMSNorm: kernels/oneshot_norm.cu, twoshot_norm.cu,
+ * lamport_norm.cu, rmsnorm.cu (ADDITIONS ONLY:
  * nothing above changes; the fused kernels use the same workspace regions, signal slots,
  * state counters and launch contract as the plain families: the top of each *_norm.cu).
  *
