@@ -3,12 +3,16 @@
 //!   2. the C ABI header `include/edgellm_allreduce.h` with cbindgen (rewritten only when it changes);
 //!   3. the C++ TensorRT adapter (`cpp/*.cpp`) and the cxx bridge, as a whole archive.
 //!
+//! Before them, `kernels/ear_contract.h` (the kernels' constants and parameter blocks) is written
+//! by cbindgen from `src/contract.rs`, so Rust and CUDA read one definition.
+//!
 //! Toolchain: `CUDA_HOME` (nvcc and CUDA headers) and `EDGELLM_TRT_INCLUDE` (TensorRT headers) or
-//! `TRT_ROOT`; when they are unset, `tools/setup.sh` installs or finds them (CUDA 13.0 from PyPI,
-//! TensorRT headers from the trtx-sys crate's sources). `EDGELLM_CUDA_ARCHS` chooses the SASS
-//! targets (default below), plus PTX of the lowest and of the newest (docs/PLATFORMS.md).
-//! The fatbins do not depend on the Rust target, so they are cached by content
-//! (`$EDGELLM_TOOLCHAIN_DIR/fatbin`): a cross build or another clone reuses them.
+//! `TRT_ROOT`; when they are unset, what `eval "$(tools/setup.sh)"` installed (CUDA 13.0 from
+//! PyPI, TensorRT headers from the trtx-sys crate's sources). The build only looks for them: it
+//! never installs anything. `EDGELLM_CUDA_ARCHS` chooses the SASS targets (default below), plus
+//! PTX of the lowest and of the newest (docs/PLATFORMS.md). The fatbins do not depend on the Rust
+//! target, so they are cached by content (`$EDGELLM_TOOLCHAIN_DIR/fatbin`): a cross build or
+//! another clone reuses them.
 
 use std::env;
 use std::collections::hash_map::DefaultHasher;
@@ -24,11 +28,12 @@ const DEFAULT_ARCHS: &str = "80;86;89;90;100;110;120;121";
 fn main() {
     let root = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
     let out = PathBuf::from(env::var("OUT_DIR").unwrap());
-    for var in ["CUDA_HOME", "EDGELLM_TRT_INCLUDE", "TRT_ROOT", "EDGELLM_CUDA_ARCHS", "EDGELLM_TOOLCHAIN_DIR"] {
+    for var in ["CUDA_HOME", "EDGELLM_TRT_INCLUDE", "TRT_ROOT", "EDGELLM_CUDA_ARCHS", "EDGELLM_TOOLCHAIN_DIR", "XDG_CACHE_HOME"] {
         println!("cargo:rerun-if-env-changed={var}");
     }
-    let toolchain = Toolchain::find(&root);
+    let toolchain = Toolchain::find();
 
+    write_kernel_contract(&root);
     compile_kernels(&root, &out, &toolchain);
     write_c_header(&root);
     // The host half of the kernel contract (workspace layout, launch rule) from its own header.
@@ -65,39 +70,61 @@ struct Toolchain {
 }
 
 impl Toolchain {
-    fn find(root: &Path) -> Self {
-        let mut cuda = env::var_os("CUDA_HOME").map(PathBuf::from);
-        let mut trt = env::var_os("EDGELLM_TRT_INCLUDE")
+    /// CUDA_HOME and EDGELLM_TRT_INCLUDE (or TRT_ROOT), else what `tools/setup.sh` installed in
+    /// the toolchain cache, else nvcc on PATH. Finds, never installs: a build (an IDE's too) must
+    /// not change the machine, so a missing piece stops it with the command that installs it.
+    fn find() -> Self {
+        let cache = toolchain_cache();
+        let cuda_home = env::var_os("CUDA_HOME")
             .map(PathBuf::from)
-            .or_else(|| env::var_os("TRT_ROOT").map(|r| PathBuf::from(r).join("include")));
-        if cuda.is_none() || trt.is_none() {
-            let output = Command::new("bash")
-                .arg(root.join("tools/setup.sh"))
-                .output()
-                .expect("running tools/setup.sh");
-            assert!(
-                output.status.success(),
-                "tools/setup.sh failed (set CUDA_HOME and EDGELLM_TRT_INCLUDE or TRT_ROOT to skip it):\n{}",
-                String::from_utf8_lossy(&output.stderr)
-            );
-            for line in String::from_utf8_lossy(&output.stdout).lines() {
-                let Some((key, value)) = line.strip_prefix("export ").and_then(|l| l.split_once('=')) else { continue };
-                let value = PathBuf::from(value.trim_matches('\''));
-                match key {
-                    "CUDA_HOME" if cuda.is_none() => cuda = Some(value),
-                    "EDGELLM_TRT_INCLUDE" if trt.is_none() => trt = Some(value),
-                    _ => {}
-                }
-            }
+            .or_else(|| newest_dir(&cache, "cuda-", "nvidia/cu13/bin/nvcc").map(|d| d.join("nvidia/cu13")))
+            .or_else(nvcc_on_path)
+            .unwrap_or_else(|| missing("the CUDA compiler (nvcc)", "CUDA_HOME"));
+        let trt_include = env::var_os("EDGELLM_TRT_INCLUDE")
+            .map(PathBuf::from)
+            .or_else(|| env::var_os("TRT_ROOT").map(|r| PathBuf::from(r).join("include")))
+            .or_else(|| newest_dir(&cache, "trt-10.", "NvInferRuntime.h"))
+            .unwrap_or_else(|| missing("the TensorRT 10 headers", "EDGELLM_TRT_INCLUDE (or TRT_ROOT)"));
+        if !cuda_home.join("bin/nvcc").exists() {
+            missing(&format!("nvcc under {}", cuda_home.display()), "CUDA_HOME");
         }
-        let toolchain = Toolchain { cuda_home: cuda.expect("CUDA_HOME"), trt_include: trt.expect("TensorRT headers") };
-        assert!(
-            toolchain.trt_include.join("NvInferRuntime.h").exists(),
-            "no NvInferRuntime.h in {}",
-            toolchain.trt_include.display()
-        );
-        toolchain
+        if !trt_include.join("NvInferRuntime.h").exists() {
+            missing(&format!("NvInferRuntime.h in {}", trt_include.display()), "EDGELLM_TRT_INCLUDE");
+        }
+        Toolchain { cuda_home, trt_include }
     }
+}
+
+/// Where tools/setup.sh installs the toolchain.
+fn toolchain_cache() -> PathBuf {
+    env::var_os("EDGELLM_TOOLCHAIN_DIR").map(PathBuf::from).unwrap_or_else(|| {
+        let cache = env::var_os("XDG_CACHE_HOME")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(env::var_os("HOME").unwrap_or_default()).join(".cache"));
+        cache.join("edgellm-allreduce")
+    })
+}
+
+/// The last (by name) folder of `dir` named `prefix*` that holds `file`.
+fn newest_dir(dir: &Path, prefix: &str, file: &str) -> Option<PathBuf> {
+    let mut found: Vec<PathBuf> = fs::read_dir(dir)
+        .ok()?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with(prefix)) && p.join(file).exists())
+        .collect();
+    found.sort();
+    found.pop()
+}
+
+fn nvcc_on_path() -> Option<PathBuf> {
+    env::split_paths(&env::var_os("PATH")?).find(|d| d.join("nvcc").is_file()).and_then(|bin| bin.parent().map(Path::to_path_buf))
+}
+
+fn missing(what: &str, variable: &str) -> ! {
+    panic!(
+        "{what} not found. Set {variable}, or install the toolchain into {} with\n    eval \"$(tools/setup.sh)\"\n(the CUDA 13.0 compiler from PyPI, TensorRT headers from the trtx-sys crate; cmake and GoogleTest from apt)",
+        toolchain_cache().display()
+    )
 }
 
 fn sorted_files(dir: &Path, ext: &str) -> Vec<PathBuf> {
@@ -203,7 +230,7 @@ fn compile_kernels(root: &Path, out: &Path, toolchain: &Toolchain) {
     table.push_str("];\n");
     writeln!(table, "/// The images in every fatbin (SASS sm_XY, PTX compute_XY).\npub const IMAGES: &str = {:?};", images.join(" ")).unwrap();
     let default_images = gencodes(DEFAULT_ARCHS).1.join(" ");
-    writeln!(table, "/// The images of a build with the default EDGELLM_CUDA_ARCHS.\npub const DEFAULT_IMAGES: &str = {default_images:?};").unwrap();
+    writeln!(table, "/// The images of a build with the default EDGELLM_CUDA_ARCHS (for the tests).\n#[cfg(test)]\npub const DEFAULT_IMAGES: &str = {default_images:?};").unwrap();
     fs::write(out.join("kernels.rs"), table).unwrap();
 }
 
@@ -233,15 +260,43 @@ fn prune(dir: &Path, keep: usize) {
 /// cbindgen → include/edgellm_allreduce.h, written only when its text changes (it is committed).
 fn write_c_header(root: &Path) {
     let config = cbindgen::Config::from_file(root.join("cbindgen.toml")).expect("cbindgen.toml");
+    generate(config, &root.join("src/abi.rs"), &root.join("include/edgellm_allreduce.h"));
+}
+
+/// cbindgen → kernels/ear_contract.h from src/contract.rs (committed; the kernel simulations
+/// compile the kernels without cargo).
+fn write_kernel_contract(root: &Path) {
+    println!("cargo:rerun-if-changed=src/contract.rs");
+    let mut config = cbindgen::Config {
+        language: cbindgen::Language::C,
+        include_guard: Some("EAR_CONTRACT_H".to_owned()),
+        sys_includes: vec!["stdint.h".to_owned()],
+        no_includes: true,
+        usize_is_size_t: true,
+        documentation_style: cbindgen::DocumentationStyle::C99,
+        header: Some(
+            "/*\n * The constants and parameter blocks of the host <-> kernel contract. Generated by cbindgen\n * from src/contract.rs (build.rs): do not edit. allreduce_params.h builds the rules on it.\n */"
+                .to_owned(),
+        ),
+        ..Default::default()
+    };
+    config.export.item_types = vec![cbindgen::ItemType::Constants, cbindgen::ItemType::Structs];
+    // No function uses the parameter blocks on the C side: name them.
+    config.export.include = vec!["EarAllReduceParams".to_owned(), "EarFusedParams".to_owned()];
+    config.parse.parse_deps = false;
+    generate(config, &root.join("src/contract.rs"), &root.join("kernels/ear_contract.h"));
+}
+
+/// cbindgen of `src` into `path`, written only when its text changes.
+fn generate(config: cbindgen::Config, src: &Path, path: &Path) {
     let header = cbindgen::Builder::new()
         .with_config(config)
-        .with_src(root.join("src/abi.rs"))
+        .with_src(src)
         .generate()
-        .expect("cbindgen could not generate the C header");
+        .unwrap_or_else(|e| panic!("cbindgen could not generate {}: {e}", path.display()));
     let mut text = Vec::new();
     header.write(&mut text);
-    let path = root.join("include/edgellm_allreduce.h");
-    if fs::read(&path).ok().as_deref() != Some(&text[..]) {
-        fs::write(&path, &text).expect("writing include/edgellm_allreduce.h");
+    if fs::read(path).ok().as_deref() != Some(&text[..]) {
+        fs::write(path, &text).unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
     }
 }

@@ -25,7 +25,7 @@ constexpr char const* kPluginVersion = "1";
 
 static_assert(sizeof(Dims::d) / sizeof(Dims::d[0]) == 8, "ffi::TensorDesc holds 8 dimensions");
 static_assert(sizeof(PluginTensorDesc) == 88 && sizeof(DynamicPluginTensorDesc) == 304 && sizeof(PluginField) == 24,
-    "TensorRT struct layouts are those of TensorRT 10/11 (trt-abi.md)");
+    "TensorRT struct layouts are those of TensorRT 10/11 (NvInferRuntimePlugin.h of both)");
 
 //! The most tensors one call passes (inputs + outputs); more is refused before reaching Rust, so
 //! that descriptors live on the stack (enqueue must not allocate).

@@ -2,11 +2,13 @@
  * allreduce_params.h: the host <-> kernel contract of the custom all-reduce kernels.
  *
  * Plain C (C99/C11), also included from C++ and CUDA. Only <stdint.h>; no CUDA types.
- * The Rust core mirrors EarAllReduceParams with #[repr(C)] and the macros below by hand:
- * any change here is an ABI change (bump EAR_ABI_VERSION).
+ * The constants and the two parameter blocks come from ear_contract.h, which cbindgen writes
+ * from src/contract.rs; the rules below are built on them, and the Rust core calls these
+ * macros through layout.c. Nothing is mirrored by hand. Any change to the layout or the
+ * protocol changes EAR_PROTOCOL_ID (src/contract.rs).
  *
- * Protocols, ordering and why slot reuse is safe: docs/KERNELS.md and the top of each
- * kernel file (oneshot.cu, twoshot.cu, lamport.cu).
+ * Protocols, ordering and why slot reuse is safe: the top of each kernel file (oneshot.cu,
+ * twoshot.cu, lamport.cu and their *_norm.cu).
  *
  * ---------------------------------------------------------------------------------------
  * Workspace of ONE rank: one device allocation, zero-filled by the host at creation, never
@@ -36,16 +38,16 @@
  *
  * ---------------------------------------------------------------------------------------
  * Launch rule (host):
- *   - block = EAR_BLOCK_THREADS threads for ear_oneshot_* / ear_twoshot_*; for ear_lamport_*
- *     any multiple of 32 in [32, EAR_BLOCK_THREADS], EAR_LAMPORT_BLOCK(vecs, max_blocks)
+ *   - block = EAR_BLOCK_THREADS threads for ear_oneshot_barrier_* / ear_twoshot_polled_*; for
+ *     ear_oneshot_lamport_* any multiple of 32 in [32, EAR_BLOCK_THREADS], EAR_LAMPORT_BLOCK(vecs, max_blocks)
  *     suggested (and then grid = EAR_LAMPORT_GRID(vecs, max_blocks)). No dynamic shared
  *     memory, the params by value as the only argument. The PDL attribute (programmatic
  *     stream serialization) is optional.
  *   - grid  = EAR_GRID(work_vecs, max_blocks) with
  *         vecs      = ceil(count * elem_size / 16)
- *         work_vecs = vecs                      for ear_oneshot_* and ear_lamport_*
- *                   = ceil(vecs / nranks)       for ear_twoshot_*
- *         max_blocks in [1, EAR_MAX_BLOCKS]     (tunable; EAR_DEFAULT_MAX_BLOCKS suggested)
+ *         work_vecs = vecs                      for ear_oneshot_barrier_*, ear_oneshot_lamport_*
+ *                   = ceil(vecs / nranks)       for ear_twoshot_polled_*
+ *         max_blocks in [1, EAR_MAX_BLOCKS]     (tunable; the library uses EAR_MAX_BLOCKS)
  *     Any grid in [1, EAR_MAX_BLOCKS] is correct; what is REQUIRED is that the grid (and
  *     block, count, dtype, family) is IDENTICAL on every rank for the same call, and that every
  *     rank issues the same sequence of custom all-reduce calls on the same communicator
@@ -65,17 +67,7 @@
 
 #include <stdint.h>
 
-#define EAR_ABI_VERSION 2
-
-#define EAR_MAX_RANKS 16
-/* Max grid accepted (the host must also keep grid <= SM count: co-residency). */
-#define EAR_MAX_BLOCKS 128
-/* The block of the one-shot and two-shot kernels, and the largest Lamport block (as TRT-LLM's
- * DEFAULT_BLOCK_SIZE). */
-#define EAR_BLOCK_THREADS 512
-/* Suggested max_blocks (at most the SM count): the library's default; on 2 x H200 it beat 64
- * at every size from 1 MiB up (docs/PERFORMANCE.md). */
-#define EAR_DEFAULT_MAX_BLOCKS 128
+#include "ear_contract.h"
 
 /* Bytes per packed vector: every kernel moves 16-byte vectors. */
 #define EAR_VEC_BYTES 16
@@ -136,7 +128,7 @@
                   ? (uint64_t)(max_blocks)                                                \
                   : EAR_CEIL_DIV((work_vecs), EAR_BLOCK_THREADS)))
 
-/* Lamport block (ear_lamport_* only; see the launch rule): enough threads that the grid
+/* Lamport block (ear_oneshot_lamport_* only; see the launch rule): enough threads that the grid
  * reaches max_blocks CTAs before a CTA grows past EAR_BLOCK_THREADS, at least
  * EAR_LAMPORT_MIN_THREADS: mid-size messages are spread over more SMs (an SM's NVLink
  * stores and polls are the limit there, not the thread count). */
@@ -154,28 +146,7 @@
                   ? (uint64_t)(max_blocks)                                               \
                   : EAR_CEIL_DIV((vecs), EAR_LAMPORT_BLOCK(vecs, max_blocks))))
 
-/* The only kernel argument, passed by value. 176 bytes, 8-byte aligned, no implicit
- * padding (64-bit targets only). */
-typedef struct EarAllReduceParams {
-  /* Base of each rank's workspace as mapped in this process, index = rank; entry `rank` is
-   * our own allocation. Entries >= nranks are ignored (set them to NULL). */
-  void* peer_ws[EAR_MAX_RANKS];
-  /* Our local state block (EAR_STATE_BYTES, zero-filled once, see above). */
-  void* state;
-  /* count elements of the call's dtype, 16-byte aligned. */
-  const void* input;
-  /* count elements, 16-byte aligned; may equal input. */
-  void* output;
-  /* Number of elements (>= 1), identical on every rank. */
-  uint64_t count;
-  /* The max_msg_bytes `m` the workspaces were created with (identical on every rank). */
-  uint64_t ws_max_bytes;
-  /* This process's rank in [0, nranks). */
-  int32_t rank;
-  /* Number of ranks; must equal the N of the kernel's name. */
-  int32_t nranks;
-} EarAllReduceParams;
-
+/* EarAllReduceParams (ear_contract.h) is the only kernel argument, passed by value. */
 #ifdef __cplusplus
 static_assert(sizeof(EarAllReduceParams) == 176, "EarAllReduceParams must be 176 bytes");
 static_assert(sizeof(void*) == 8, "64-bit targets only");
@@ -185,9 +156,10 @@ _Static_assert(sizeof(void*) == 8, "64-bit targets only");
 #endif
 
 /* ---------------------------------------------------------------------------------------
- * Fused all-reduce + residual (+ bias) + RMSNorm: kernels/fused_norm.cu (ADDITIONS ONLY:
+ * Fused all-reduce + residual (+ bias) + RMSNorm: kernels/oneshot_norm.cu, twoshot_norm.cu,
+ * lamport_norm.cu, rmsnorm.cu (ADDITIONS ONLY:
  * nothing above changes; the fused kernels use the same workspace regions, signal slots,
- * state counters and launch contract as the plain families, see docs/KERNELS.md).
+ * state counters and launch contract as the plain families: the top of each *_norm.cu).
  *
  *   residual_out = round_T( ((((+0.0f + x_0) + x_1) + ... + x_{N-1}) + bias) + residual )
  *   normed       = round_T( (float(residual_out) * s) * gamma ),
@@ -196,11 +168,11 @@ _Static_assert(sizeof(void*) == 8, "64-bit targets only");
  * pure function of the stored residual_out.
  *
  * Kernels (all take EarFusedParams by value as the only argument):
- *   ear_oneshot_norm_<t>_n<N>   one-shot (pull), 1 barrier, shares seq / banks / slots
- *   ear_twoshot_norm_<t>_n<N>   two-shot (push RS + push AG), 2 barriers, shares seq
- *   ear_lamport_norm_<t>_n<N>   Lamport one-shot (push), no barrier, shares lam_seq
- *   ear_residual_rmsnorm_<t>    no ranks, no workspace (after an NCCL all-reduce):
- *                               ar.input = x, ar.count = tokens*hidden, rest of ar ignored
+ *   ear_oneshot_barrier_norm_<t>_n<N>   one-shot (pull), 1 barrier, shares seq / banks / slots
+ *   ear_twoshot_barrier_norm_<t>_n<N>   two-shot (push RS + push AG), 2 barriers, shares seq
+ *   ear_oneshot_lamport_norm_<t>_n<N>   Lamport one-shot (push), no barrier, shares lam_seq
+ *   ear_residual_rmsnorm_<t>            no ranks, no workspace (after an NCCL all-reduce):
+ *                                       ar.input = x, ar.count = tokens*hidden, rest ignored
  *   t in {f32, f16, bf16}, N in {2, 4, 6, 8, 16}.
  *
  * Launch rule (host):
@@ -208,7 +180,7 @@ _Static_assert(sizeof(void*) == 8, "64-bit targets only");
  *     any other block size traps. It depends only on (hidden, dtype), so it is identical on
  *     every rank; the per-row sum of squares is reduced in a fixed order for that block size.
  *   - grid  = EAR_FUSED_GRID(tokens, max_blocks): CTA b handles token rows b, b+grid, ...;
- *     for ear_lamport_norm_*, ear_fused_lamport_grid_of(tokens, hidden, elem, max_blocks),
+ *     for ear_oneshot_lamport_norm_*, ear_fused_lamport_grid_of(tokens, hidden, elem, max_blocks),
  *     which may exceed tokens: every CTA pushes (unless normed == x), CTAs b < tokens also
  *     reduce.
  *     Rank families: max_blocks in [1, EAR_MAX_BLOCKS]; any grid in [1, EAR_MAX_BLOCKS] is correct; the
@@ -233,7 +205,6 @@ _Static_assert(sizeof(void*) == 8, "64-bit targets only");
  *     N, bad rank, grid > EAR_MAX_BLOCKS (rank families) or a wrong block trap (sticky error).
  * ---------------------------------------------------------------------------------------
  */
-#define EAR_FUSED_MAX_THREADS 512
 /* 16-byte vectors per token row (the last one may be partial). */
 #define EAR_FUSED_ROW_VECS(hidden, elem) EAR_CEIL_DIV((uint64_t)(hidden) * (uint64_t)(elem), EAR_VEC_BYTES)
 /* Block: one thread per 16-byte vector of a row, rounded up to a warp, capped at 512
@@ -271,31 +242,7 @@ static inline uint32_t ear_fused_lamport_grid_of(uint64_t tokens, uint32_t hidde
 #define EAR_FUSED_LAMPORT_FITS(tokens, hidden, elem, m) \
   (EAR_FUSED_STAGE_BYTES(tokens, hidden, elem) <= EAR_LAMPORT_MAX_MSG(m))
 
-/* The only argument of the fused kernels, passed by value. 232 bytes, 8-byte aligned, no
- * implicit padding (64-bit targets only). */
-typedef struct EarFusedParams {
-  /* The all-reduce part, exactly as for the plain kernels: ar.input = x [tokens, hidden]
-   * (this rank's partial sum), ar.count = tokens * hidden; ar.output is ignored. For
-   * ear_residual_rmsnorm_<t> only ar.input and ar.count are read. */
-  EarAllReduceParams ar;
-  /* [tokens, hidden], read; may equal residual_out. */
-  const void* residual;
-  /* [hidden] or NULL (no bias). */
-  const void* bias;
-  /* [hidden] RMSNorm weight. */
-  const void* gamma;
-  /* [tokens, hidden] = sum(x) + bias + residual, rounded to T once. */
-  void* residual_out;
-  /* [tokens, hidden] = RMSNorm(residual_out) * gamma; may equal x (ar.input). */
-  void* normed;
-  /* Token rows (>= 1). */
-  uint64_t tokens;
-  /* Elements per row (>= 1). */
-  uint32_t hidden;
-  /* RMSNorm epsilon (added to the mean square). */
-  float eps;
-} EarFusedParams;
-
+/* EarFusedParams (ear_contract.h) is the only argument of the fused kernels, by value. */
 #ifdef __cplusplus
 static_assert(sizeof(EarFusedParams) == 232, "EarFusedParams must be 232 bytes");
 #else

@@ -1,5 +1,5 @@
-// lamport.cu: one-shot all-reduce, Lamport push flavour (ear_lamport_<t>_n<N>): no barrier;
-// the payload is its own flag. For small messages (count * elem_size <=
+// lamport.cu: one-shot all-reduce, Lamport push flavour (ear_oneshot_lamport_<t>_n<N>): no
+// barrier; the payload is its own flag. For small messages (count * elem_size <=
 // EAR_LAMPORT_MAX_MSG(ws_max_bytes), at most 2 MiB).
 //
 // Protocol (call number k = State::lam_seq, identical on every rank; counted separately
@@ -99,18 +99,18 @@ __device__ __forceinline__ void lamport_body(const EarAllReduceParams& p) {
 
 }  // namespace ear
 
-EAR_DEFINE_KERNEL(lamport, ear::lamport_body, f32, float, 2)
-EAR_DEFINE_KERNEL(lamport, ear::lamport_body, f32, float, 4)
-EAR_DEFINE_KERNEL(lamport, ear::lamport_body, f32, float, 6)
-EAR_DEFINE_KERNEL(lamport, ear::lamport_body, f32, float, 8)
-EAR_DEFINE_KERNEL(lamport, ear::lamport_body, f32, float, 16)
-EAR_DEFINE_KERNEL(lamport, ear::lamport_body, f16, __half, 2)
-EAR_DEFINE_KERNEL(lamport, ear::lamport_body, f16, __half, 4)
-EAR_DEFINE_KERNEL(lamport, ear::lamport_body, f16, __half, 6)
-EAR_DEFINE_KERNEL(lamport, ear::lamport_body, f16, __half, 8)
-EAR_DEFINE_KERNEL(lamport, ear::lamport_body, f16, __half, 16)
-EAR_DEFINE_KERNEL(lamport, ear::lamport_body, bf16, __nv_bfloat16, 2)
-EAR_DEFINE_KERNEL(lamport, ear::lamport_body, bf16, __nv_bfloat16, 4)
-EAR_DEFINE_KERNEL(lamport, ear::lamport_body, bf16, __nv_bfloat16, 6)
-EAR_DEFINE_KERNEL(lamport, ear::lamport_body, bf16, __nv_bfloat16, 8)
-EAR_DEFINE_KERNEL(lamport, ear::lamport_body, bf16, __nv_bfloat16, 16)
+EAR_DEFINE_KERNEL(oneshot_lamport, ear::lamport_body, f32, float, 2)
+EAR_DEFINE_KERNEL(oneshot_lamport, ear::lamport_body, f32, float, 4)
+EAR_DEFINE_KERNEL(oneshot_lamport, ear::lamport_body, f32, float, 6)
+EAR_DEFINE_KERNEL(oneshot_lamport, ear::lamport_body, f32, float, 8)
+EAR_DEFINE_KERNEL(oneshot_lamport, ear::lamport_body, f32, float, 16)
+EAR_DEFINE_KERNEL(oneshot_lamport, ear::lamport_body, f16, __half, 2)
+EAR_DEFINE_KERNEL(oneshot_lamport, ear::lamport_body, f16, __half, 4)
+EAR_DEFINE_KERNEL(oneshot_lamport, ear::lamport_body, f16, __half, 6)
+EAR_DEFINE_KERNEL(oneshot_lamport, ear::lamport_body, f16, __half, 8)
+EAR_DEFINE_KERNEL(oneshot_lamport, ear::lamport_body, f16, __half, 16)
+EAR_DEFINE_KERNEL(oneshot_lamport, ear::lamport_body, bf16, __nv_bfloat16, 2)
+EAR_DEFINE_KERNEL(oneshot_lamport, ear::lamport_body, bf16, __nv_bfloat16, 4)
+EAR_DEFINE_KERNEL(oneshot_lamport, ear::lamport_body, bf16, __nv_bfloat16, 6)
+EAR_DEFINE_KERNEL(oneshot_lamport, ear::lamport_body, bf16, __nv_bfloat16, 8)
+EAR_DEFINE_KERNEL(oneshot_lamport, ear::lamport_body, bf16, __nv_bfloat16, 16)

@@ -1,4 +1,5 @@
-// oneshot.cu: one-shot all-reduce, pull flavour (ear_oneshot_<t>_n<N>).
+// oneshot.cu: one-shot all-reduce, pull flavour, one flag barrier per call
+// (ear_oneshot_barrier_<t>_n<N>).
 //
 // Protocol (call number seq = State::seq, identical on every rank):
 //   layout   own bank = data region + EAR_OFF_ONESHOT + (seq % 2) * EAR_ONESHOT_BANK_BYTES(m),
@@ -66,18 +67,18 @@ __device__ __forceinline__ void oneshot_body(const EarAllReduceParams& p) {
 
 }  // namespace ear
 
-EAR_DEFINE_KERNEL(oneshot, ear::oneshot_body, f32, float, 2)
-EAR_DEFINE_KERNEL(oneshot, ear::oneshot_body, f32, float, 4)
-EAR_DEFINE_KERNEL(oneshot, ear::oneshot_body, f32, float, 6)
-EAR_DEFINE_KERNEL(oneshot, ear::oneshot_body, f32, float, 8)
-EAR_DEFINE_KERNEL(oneshot, ear::oneshot_body, f32, float, 16)
-EAR_DEFINE_KERNEL(oneshot, ear::oneshot_body, f16, __half, 2)
-EAR_DEFINE_KERNEL(oneshot, ear::oneshot_body, f16, __half, 4)
-EAR_DEFINE_KERNEL(oneshot, ear::oneshot_body, f16, __half, 6)
-EAR_DEFINE_KERNEL(oneshot, ear::oneshot_body, f16, __half, 8)
-EAR_DEFINE_KERNEL(oneshot, ear::oneshot_body, f16, __half, 16)
-EAR_DEFINE_KERNEL(oneshot, ear::oneshot_body, bf16, __nv_bfloat16, 2)
-EAR_DEFINE_KERNEL(oneshot, ear::oneshot_body, bf16, __nv_bfloat16, 4)
-EAR_DEFINE_KERNEL(oneshot, ear::oneshot_body, bf16, __nv_bfloat16, 6)
-EAR_DEFINE_KERNEL(oneshot, ear::oneshot_body, bf16, __nv_bfloat16, 8)
-EAR_DEFINE_KERNEL(oneshot, ear::oneshot_body, bf16, __nv_bfloat16, 16)
+EAR_DEFINE_KERNEL(oneshot_barrier, ear::oneshot_body, f32, float, 2)
+EAR_DEFINE_KERNEL(oneshot_barrier, ear::oneshot_body, f32, float, 4)
+EAR_DEFINE_KERNEL(oneshot_barrier, ear::oneshot_body, f32, float, 6)
+EAR_DEFINE_KERNEL(oneshot_barrier, ear::oneshot_body, f32, float, 8)
+EAR_DEFINE_KERNEL(oneshot_barrier, ear::oneshot_body, f32, float, 16)
+EAR_DEFINE_KERNEL(oneshot_barrier, ear::oneshot_body, f16, __half, 2)
+EAR_DEFINE_KERNEL(oneshot_barrier, ear::oneshot_body, f16, __half, 4)
+EAR_DEFINE_KERNEL(oneshot_barrier, ear::oneshot_body, f16, __half, 6)
+EAR_DEFINE_KERNEL(oneshot_barrier, ear::oneshot_body, f16, __half, 8)
+EAR_DEFINE_KERNEL(oneshot_barrier, ear::oneshot_body, f16, __half, 16)
+EAR_DEFINE_KERNEL(oneshot_barrier, ear::oneshot_body, bf16, __nv_bfloat16, 2)
+EAR_DEFINE_KERNEL(oneshot_barrier, ear::oneshot_body, bf16, __nv_bfloat16, 4)
+EAR_DEFINE_KERNEL(oneshot_barrier, ear::oneshot_body, bf16, __nv_bfloat16, 6)
+EAR_DEFINE_KERNEL(oneshot_barrier, ear::oneshot_body, bf16, __nv_bfloat16, 8)
+EAR_DEFINE_KERNEL(oneshot_barrier, ear::oneshot_body, bf16, __nv_bfloat16, 16)

@@ -1,4 +1,4 @@
-// twoshot.cu: two-shot all-reduce, push flavour (ear_twoshot_<t>_n<N>): a Lamport
+// twoshot.cu: two-shot all-reduce, push flavour, polled (ear_twoshot_polled_<t>_n<N>): a Lamport
 // reduce-scatter (the payload is its own flag) into a stage that alternates between two
 // parities, then a Lamport all-gather. Messages up to kTwoShotPacedAbove wait only by
 // polling data; larger ones are paced by per-chunk flags (below).
@@ -55,7 +55,7 @@
 //     vector r scattered to it for (s, j) in call seq+1, i.e. after r's call seq completed.
 //   Within a call every slot is written once, so a poll never sees an older call's value.
 //   One-shot calls use a disjoint region (their bank rule rests on the same "complete only
-//   after every peer started" property). The fused two-shot (fused_norm.cu) uses the same
+//   after every peer started" property). The fused two-shot (twoshot_norm.cu) uses the same
 //   stage rows and gather and leaves the gather and the stage's polled prefix zeroed too.
 //
 // Cost per rank: 2*(N-1)/N*S NVLink writes, local reads and zeroing; paced: a flag round
@@ -278,18 +278,18 @@ __device__ __forceinline__ void twoshot_body(const EarAllReduceParams& p) {
 
 }  // namespace ear
 
-EAR_DEFINE_KERNEL(twoshot, ear::twoshot_body, f32, float, 2)
-EAR_DEFINE_KERNEL(twoshot, ear::twoshot_body, f32, float, 4)
-EAR_DEFINE_KERNEL(twoshot, ear::twoshot_body, f32, float, 6)
-EAR_DEFINE_KERNEL(twoshot, ear::twoshot_body, f32, float, 8)
-EAR_DEFINE_KERNEL(twoshot, ear::twoshot_body, f32, float, 16)
-EAR_DEFINE_KERNEL(twoshot, ear::twoshot_body, f16, __half, 2)
-EAR_DEFINE_KERNEL(twoshot, ear::twoshot_body, f16, __half, 4)
-EAR_DEFINE_KERNEL(twoshot, ear::twoshot_body, f16, __half, 6)
-EAR_DEFINE_KERNEL(twoshot, ear::twoshot_body, f16, __half, 8)
-EAR_DEFINE_KERNEL(twoshot, ear::twoshot_body, f16, __half, 16)
-EAR_DEFINE_KERNEL(twoshot, ear::twoshot_body, bf16, __nv_bfloat16, 2)
-EAR_DEFINE_KERNEL(twoshot, ear::twoshot_body, bf16, __nv_bfloat16, 4)
-EAR_DEFINE_KERNEL(twoshot, ear::twoshot_body, bf16, __nv_bfloat16, 6)
-EAR_DEFINE_KERNEL(twoshot, ear::twoshot_body, bf16, __nv_bfloat16, 8)
-EAR_DEFINE_KERNEL(twoshot, ear::twoshot_body, bf16, __nv_bfloat16, 16)
+EAR_DEFINE_KERNEL(twoshot_polled, ear::twoshot_body, f32, float, 2)
+EAR_DEFINE_KERNEL(twoshot_polled, ear::twoshot_body, f32, float, 4)
+EAR_DEFINE_KERNEL(twoshot_polled, ear::twoshot_body, f32, float, 6)
+EAR_DEFINE_KERNEL(twoshot_polled, ear::twoshot_body, f32, float, 8)
+EAR_DEFINE_KERNEL(twoshot_polled, ear::twoshot_body, f32, float, 16)
+EAR_DEFINE_KERNEL(twoshot_polled, ear::twoshot_body, f16, __half, 2)
+EAR_DEFINE_KERNEL(twoshot_polled, ear::twoshot_body, f16, __half, 4)
+EAR_DEFINE_KERNEL(twoshot_polled, ear::twoshot_body, f16, __half, 6)
+EAR_DEFINE_KERNEL(twoshot_polled, ear::twoshot_body, f16, __half, 8)
+EAR_DEFINE_KERNEL(twoshot_polled, ear::twoshot_body, f16, __half, 16)
+EAR_DEFINE_KERNEL(twoshot_polled, ear::twoshot_body, bf16, __nv_bfloat16, 2)
+EAR_DEFINE_KERNEL(twoshot_polled, ear::twoshot_body, bf16, __nv_bfloat16, 4)
+EAR_DEFINE_KERNEL(twoshot_polled, ear::twoshot_body, bf16, __nv_bfloat16, 6)
+EAR_DEFINE_KERNEL(twoshot_polled, ear::twoshot_body, bf16, __nv_bfloat16, 8)
+EAR_DEFINE_KERNEL(twoshot_polled, ear::twoshot_body, bf16, __nv_bfloat16, 16)

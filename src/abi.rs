@@ -7,7 +7,8 @@
 //! `FusedNvfp4GemmAllReducePlugin`, read its own registry); the others are forwarded only.
 
 use crate::error::{guard, Error, Result};
-use crate::{overlay, registry, workspace};
+use crate::registry::{self, Comm};
+use crate::{groups, overlay};
 use std::ffi::{c_char, c_int, c_void, CStr};
 
 /// Calls the base's `function` when the overlay has a base that exports it: a refusal is an error.
@@ -26,18 +27,20 @@ fn forward(function: &'static str, call: impl FnOnce(&overlay::BaseApi) -> Optio
 /// negative device id or a null pointer.
 #[no_mangle]
 #[allow(non_snake_case)]
+// A C entry point: the pointers are the caller's, passed on to the base unread.
+#[allow(clippy::not_unsafe_ptr_arg_deref)]
 pub extern "C" fn edgellmRegisterNcclCommForAllReducePlugin(
     deviceId: c_int,
     ncclComm: *mut c_void,
     ncclAllReduceFunction: *mut c_void,
 ) -> bool {
     guard("edgellmRegisterNcclCommForAllReducePlugin", || {
-        let registration = registry::Registration { comm: ncclComm as usize, all_reduce: ncclAllReduceFunction as usize };
+        let registration = registry::Registration { comm: Comm(ncclComm as usize), all_reduce: ncclAllReduceFunction as usize };
         registry::register(deviceId, registration.comm, registration.all_reduce)?;
         // Forms the custom-kernel group once all of the communicator's ranks are registered here.
-        workspace::on_register(deviceId, registration, false);
-        // SAFETY: the base's function has this C signature; the arguments are the caller's.
+        groups::on_register(deviceId, registration, false);
         forward("edgellmRegisterNcclCommForAllReducePlugin", |base| {
+            // SAFETY: the base's function has this C signature; the arguments are the caller's.
             base.register_nccl.map(|f| unsafe { f(deviceId, ncclComm, ncclAllReduceFunction) })
         })
     })
@@ -48,14 +51,16 @@ pub extern "C" fn edgellmRegisterNcclCommForAllReducePlugin(
 /// logs why) otherwise. The base (Edge-LLM's library, when the overlay has one) is asked too.
 #[no_mangle]
 #[allow(non_snake_case)]
+// A C entry point: the pointers are the caller's, passed on to the base unread.
+#[allow(clippy::not_unsafe_ptr_arg_deref)]
 pub extern "C" fn edgellmUnregisterNcclCommForAllReducePlugin(deviceId: c_int, ncclComm: *mut c_void) -> bool {
     guard("edgellmUnregisterNcclCommForAllReducePlugin", || {
-        let ours = registry::unregister(deviceId, ncclComm as usize);
+        let ours = registry::unregister(deviceId, Comm(ncclComm as usize));
         if ours.is_ok() {
-            workspace::forget(deviceId);
+            groups::forget(deviceId);
         }
-        // SAFETY: the base's function has this C signature; the arguments are the caller's.
         let base = forward("edgellmUnregisterNcclCommForAllReducePlugin", |base| {
+            // SAFETY: the base's function has this C signature; the arguments are the caller's.
             base.unregister_nccl.map(|f| unsafe { f(deviceId, ncclComm) })
         });
         ours.and(base)
@@ -84,7 +89,7 @@ pub extern "C" fn initEdgellmPlugins(logger: *mut c_void, libNamespace: *const c
             // SAFETY: a non-null libNamespace is a NUL-terminated string (the C API contract).
             unsafe { CStr::from_ptr(libNamespace) }
                 .to_str()
-                .map_err(|_| Error::invalid("libNamespace is not valid UTF-8"))?
+                .map_err(|_| Error::NamespaceNotUtf8)?
         };
         if let Some(init) = overlay::base().and_then(|b| b.api.init) {
             // SAFETY: Edge-LLM's initializer has this signature and takes the caller's arguments
@@ -94,7 +99,7 @@ pub extern "C" fn initEdgellmPlugins(logger: *mut c_void, libNamespace: *const c
         if crate::ffi::register_creator_in_namespace(namespace) {
             Ok(())
         } else {
-            Err(Error::invalid(format!("TensorRT refused to register AllReducePlugin in namespace '{namespace}'")))
+            Err(Error::RegistryRefused(namespace.to_owned()))
         }
     })
     .is_ok()
@@ -106,7 +111,7 @@ pub extern "C" fn initEdgellmPlugins(logger: *mut c_void, libNamespace: *const c
 #[no_mangle]
 #[allow(non_snake_case)]
 pub extern "C" fn edgellmAllReduceCustomRanks(deviceId: c_int) -> c_int {
-    guard("edgellmAllReduceCustomRanks", || Ok(workspace::group_for(deviceId).map_or(0, |(g, _)| g.nranks))).unwrap_or(0)
+    guard("edgellmAllReduceCustomRanks", || Ok(groups::group_for(deviceId).map_or(0, |(g, _)| g.nranks))).unwrap_or(0)
 }
 
 /// Sets up the custom-kernel workspaces of the communicator registered for `deviceId`, for
@@ -119,12 +124,11 @@ pub extern "C" fn edgellmAllReduceCustomRanks(deviceId: c_int) -> c_int {
 #[allow(non_snake_case)]
 pub extern "C" fn edgellmAllReduceSetupWorkspaces(deviceId: c_int) -> bool {
     guard("edgellmAllReduceSetupWorkspaces", || {
-        let registration = registry::get(deviceId)
-            .ok_or_else(|| Error::invalid(format!("no communicator is registered for device {deviceId}")))?;
-        if workspace::group_for(deviceId).is_none() {
-            workspace::on_register(deviceId, registration, true);
+        let registration = registry::get(deviceId).ok_or(Error::NothingRegistered(deviceId))?;
+        if groups::group_for(deviceId).is_none() {
+            groups::on_register(deviceId, registration, true);
         }
-        Ok(workspace::group_for(deviceId).is_some())
+        Ok(groups::group_for(deviceId).is_some())
     })
     .unwrap_or(false)
 }
@@ -137,8 +141,8 @@ pub extern "C" fn edgellmAllReduceSetupWorkspaces(deviceId: c_int) -> bool {
 #[allow(non_snake_case)]
 pub extern "C" fn edgellmAllReduceReleaseWorkspaces(deviceId: c_int) -> bool {
     guard("edgellmAllReduceReleaseWorkspaces", || {
-        let had = workspace::group_for(deviceId).is_some();
-        workspace::forget(deviceId);
+        let had = groups::group_for(deviceId).is_some();
+        groups::forget(deviceId);
         Ok(had)
     })
     .unwrap_or(false)
@@ -150,6 +154,8 @@ pub extern "C" fn edgellmAllReduceReleaseWorkspaces(deviceId: c_int) -> bool {
 /// returns false for a registration it cannot take.
 #[no_mangle]
 #[allow(non_snake_case)]
+// A C entry point: the pointers are the caller's, passed on to the base unread.
+#[allow(clippy::not_unsafe_ptr_arg_deref)]
 pub extern "C" fn edgellmRegisterFusedNvfp4WeightResource(
     deviceId: i32,
     resourceId: i32,
@@ -188,6 +194,8 @@ pub extern "C" fn edgellmUnregisterFusedNvfp4WeightResource(deviceId: i32, resou
 /// returns when no such layer is found.
 #[no_mangle]
 #[allow(non_snake_case)]
+// A C entry point: the pointers are the caller's, passed on to the base unread.
+#[allow(clippy::not_unsafe_ptr_arg_deref)]
 pub extern "C" fn edgellm_dflash_configure_pages_per_slot(network: *mut c_void, pagesPerSlot: i32) -> bool {
     const NAME: &str = "edgellm_dflash_configure_pages_per_slot";
     guard(NAME, || {

@@ -2,6 +2,7 @@
 //! NCCL library that holds the registered `ncclAllReduce` (found with `dladdr`, opened with
 //! `RTLD_NOLOAD`): never a second NCCL.
 
+use crate::cuda;
 use crate::error::{Error, Result};
 use crate::registry::Registration;
 use std::ffi::{c_int, c_void};
@@ -23,7 +24,7 @@ pub fn describe(registration: &Registration) -> Option<CommInfo> {
         let f = unsafe { lib.get::<Query>(name) }.ok()?;
         let mut value: c_int = -1;
         // SAFETY: the runtime registered a live communicator of this NCCL.
-        (unsafe { f(registration.comm as *mut c_void, &mut value) } == 0).then_some(value)
+        (unsafe { f(registration.comm.raw(), &mut value) } == 0).then_some(value)
     };
     Some(CommInfo {
         nranks: ask(b"ncclCommCount\0")?,
@@ -38,26 +39,24 @@ pub fn describe(registration: &Registration) -> Option<CommInfo> {
 pub fn all_gather(registration: &Registration, nranks: i32, mine: &[u8]) -> Result<Vec<u8>> {
     type AllGather = unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, *mut c_void, *mut c_void) -> c_int;
     const NCCL_UINT8: c_int = 1;
-    let lib = crate::loader::library_of(registration.all_reduce)
-        .ok_or_else(|| Error::invalid("the registered ncclAllReduce is not in a loaded NCCL library"))?;
+    let lib = crate::loader::library_of(registration.all_reduce).ok_or(Error::NotNccl)?;
     // SAFETY: ncclAllGather's C signature is AllGather.
-    let all_gather = unsafe { lib.get::<AllGather>(b"ncclAllGather\0") }
-        .map_err(|_| Error::invalid("the NCCL library has no ncclAllGather"))?;
+    let all_gather = unsafe { lib.get::<AllGather>(b"ncclAllGather\0") }.map_err(|_| Error::NcclSymbol("ncclAllGather"))?;
     let n = mine.len();
     let total = n * nranks as usize;
-    crate::cuda::with_scratch_stream(
+    cuda::with_scratch_stream(
         n + total,
         |stream, scratch| {
-            crate::cuda::copy_to_device(scratch, mine)?;
+            cuda::copy_to_device(scratch, mine)?;
             // SAFETY: send holds n bytes, recv n * nranks, on this device; the communicator is live.
             let code = unsafe {
                 all_gather(
-                    scratch as *const c_void,
-                    (scratch + n as u64) as *mut c_void,
+                    scratch.as_const(),
+                    scratch.offset(n as u64).as_mut(),
                     n,
                     NCCL_UINT8,
-                    registration.comm as *mut c_void,
-                    stream as *mut c_void,
+                    registration.comm.raw(),
+                    stream.0 as *mut c_void,
                 )
             };
             if code != 0 {
@@ -67,7 +66,7 @@ pub fn all_gather(registration: &Registration, nranks: i32, mine: &[u8]) -> Resu
         },
         |scratch| {
             let mut everyone = vec![0u8; total];
-            crate::cuda::copy_to_host(&mut everyone, scratch + n as u64)?;
+            cuda::copy_to_host(&mut everyone, scratch.offset(n as u64))?;
             Ok(everyone)
         },
     )

@@ -1,38 +1,52 @@
-//! The CUDA driver, reached through cudarc with dynamic loading: the library links no CUDA
-//! library, loads on machines without a GPU, and a call that needs the driver there fails with
-//! [`Error::NoDriver`] instead of cudarc's panic.
+//! The CUDA driver, reached through cudarc's `result` layer with dynamic loading: the library
+//! links no CUDA library, loads on machines without a GPU, and a call that needs the driver there
+//! fails with [`Error::NoDriver`] instead of cudarc's panic. Handles are newtypes
+//! ([`DevicePtr`], [`Stream`], [`Function`]); allocations are owned ([`DeviceBuffer`]).
 
-use crate::error::{Error, Result};
-use cudarc::driver::sys;
-use std::sync::OnceLock;
+use crate::error::{cuda, Error, Result};
+use cudarc::driver::{result, sys};
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
 
-/// Loads the driver and runs `cuInit` once per process.
-fn driver() -> Result<()> {
-    static READY: OnceLock<Result<(), i32>> = OnceLock::new();
-    let ready = READY.get_or_init(|| {
-        // SAFETY: is_culib_present only tries to dlopen libcuda; cuInit is safe to call any time
-        // once the library is present, and is idempotent.
-        unsafe {
-            if !sys::is_culib_present() {
-                return Err(-1);
-            }
-            match sys::cuInit(0) {
-                sys::CUresult::CUDA_SUCCESS => Ok(()),
-                e => Err(e as i32),
-            }
-        }
-    });
-    match *ready {
-        Ok(()) => Ok(()),
-        Err(-1) => Err(Error::NoDriver),
-        Err(code) => Err(Error::Cuda { call: "cuInit", code }),
+/// A device address (`CUdeviceptr`) in, or mapped into, a context of this process.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct DevicePtr(pub u64);
+
+impl DevicePtr {
+    pub const NULL: DevicePtr = DevicePtr(0);
+
+    /// `self + bytes`.
+    pub fn offset(self, bytes: u64) -> DevicePtr {
+        DevicePtr(self.0 + bytes)
+    }
+    pub(crate) fn as_mut(self) -> *mut std::ffi::c_void {
+        self.0 as *mut std::ffi::c_void
+    }
+    pub(crate) fn as_const(self) -> *const std::ffi::c_void {
+        self.0 as *const std::ffi::c_void
     }
 }
 
-fn check(call: &'static str, result: sys::CUresult) -> Result<()> {
-    match result {
-        sys::CUresult::CUDA_SUCCESS => Ok(()),
-        e => Err(Error::Cuda { call, code: e as i32 }),
+/// A CUDA stream (`cudaStream_t` / `CUstream`) as TensorRT hands it to `enqueue`; 0 is the
+/// legacy default stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stream(pub usize);
+
+impl Stream {
+    fn raw(self) -> sys::CUstream {
+        self.0 as sys::CUstream
+    }
+}
+
+/// Loads the driver and runs `cuInit` once per process.
+fn driver() -> Result<()> {
+    static READY: OnceLock<Option<Result<(), result::DriverError>>> = OnceLock::new();
+    // SAFETY: is_culib_present only tries to dlopen libcuda; cuInit is idempotent.
+    let ready = READY.get_or_init(|| unsafe { sys::is_culib_present() }.then(result::init));
+    match ready {
+        None => Err(Error::NoDriver),
+        Some(Ok(())) => Ok(()),
+        Some(Err(e)) => Err(cuda("cuInit")(*e)),
     }
 }
 
@@ -42,7 +56,7 @@ pub fn current_device() -> Result<i32> {
     driver()?;
     let mut device: sys::CUdevice = 0;
     // SAFETY: the driver is loaded and initialised; `device` is a valid out-pointer.
-    check("cuCtxGetDevice", unsafe { sys::cuCtxGetDevice(&mut device) })?;
+    unsafe { sys::cuCtxGetDevice(&mut device) }.result().map_err(cuda("cuCtxGetDevice"))?;
     Ok(device)
 }
 
@@ -50,32 +64,26 @@ pub fn current_device() -> Result<i32> {
 ///
 /// # Safety
 /// `dst` and `src` must be device addresses of at least `bytes` bytes in the current context,
-/// and `stream` a stream of that context (or null for the legacy default stream).
-pub unsafe fn copy_async(dst: usize, src: usize, bytes: usize, stream: usize) -> Result<()> {
+/// and `stream` a stream of that context (or the legacy default stream).
+pub unsafe fn copy_async(dst: DevicePtr, src: DevicePtr, bytes: usize, stream: Stream) -> Result<()> {
     driver()?;
-    check("cuMemcpyDtoDAsync", sys::cuMemcpyDtoDAsync_v2(dst as u64, src as u64, bytes, stream as sys::CUstream))
+    // SAFETY: the caller's contract.
+    unsafe { result::memcpy_dtod_async(dst.0, src.0, bytes, stream.raw()) }.map_err(cuda("cuMemcpyDtoDAsync"))
 }
 
 /// The primary context of `device`, retained once and kept for the life of the process (the
 /// library's workspaces and modules live in it; TensorRT and cudart use the same context).
 fn primary_context(device: i32) -> Result<sys::CUcontext> {
-    use std::collections::HashMap;
-    use std::sync::Mutex;
-    struct Contexts(HashMap<i32, usize>);
-    static CONTEXTS: Mutex<Option<Contexts>> = Mutex::new(None);
+    static CONTEXTS: Mutex<Option<HashMap<i32, usize>>> = Mutex::new(None);
     driver()?;
     let mut guard = CONTEXTS.lock().unwrap_or_else(|p| p.into_inner());
-    let map = &mut guard.get_or_insert_with(|| Contexts(HashMap::new())).0;
+    let map = guard.get_or_insert_with(HashMap::new);
     if let Some(&ctx) = map.get(&device) {
         return Ok(ctx as sys::CUcontext);
     }
-    let mut dev: sys::CUdevice = 0;
-    let mut ctx: sys::CUcontext = std::ptr::null_mut();
-    // SAFETY: out-pointers are valid; the driver is initialised.
-    unsafe {
-        check("cuDeviceGet", sys::cuDeviceGet(&mut dev, device))?;
-        check("cuDevicePrimaryCtxRetain", sys::cuDevicePrimaryCtxRetain(&mut ctx, dev))?;
-    }
+    let dev = result::device::get(device).map_err(cuda("cuDeviceGet"))?;
+    // SAFETY: `dev` is a device of this driver; the context is retained for the process's life.
+    let ctx = unsafe { result::primary_ctx::retain(dev) }.map_err(cuda("cuDevicePrimaryCtxRetain"))?;
     map.insert(device, ctx as usize);
     Ok(ctx)
 }
@@ -84,45 +92,57 @@ fn primary_context(device: i32) -> Result<sys::CUcontext> {
 /// caller's context.
 pub fn with_device<T>(device: i32, f: impl FnOnce() -> Result<T>) -> Result<T> {
     let ctx = primary_context(device)?;
-    // SAFETY: ctx is a retained primary context; push/pop are balanced below.
-    check("cuCtxPushCurrent", unsafe { sys::cuCtxPushCurrent_v2(ctx) })?;
-    let result = f();
+    // SAFETY: ctx is a retained primary context; push and pop are balanced below.
+    unsafe { sys::cuCtxPushCurrent_v2(ctx) }.result().map_err(cuda("cuCtxPushCurrent"))?;
+    let outcome = f();
     let mut popped: sys::CUcontext = std::ptr::null_mut();
     // SAFETY: pops the context pushed above.
-    let pop = check("cuCtxPopCurrent", unsafe { sys::cuCtxPopCurrent_v2(&mut popped) });
-    result.and_then(|v| pop.map(|_| v))
+    let pop = unsafe { sys::cuCtxPopCurrent_v2(&mut popped) }.result().map_err(cuda("cuCtxPopCurrent"));
+    outcome.and_then(|v| pop.map(|_| v))
 }
 
-/// A zero-filled device allocation in the current context (setup time only: it synchronizes).
-pub fn alloc_zeroed(bytes: usize) -> Result<u64> {
-    let mut ptr: sys::CUdeviceptr = 0;
-    // SAFETY: valid out-pointer; the memset covers exactly the allocation.
-    unsafe {
-        check("cuMemAlloc", sys::cuMemAlloc_v2(&mut ptr, bytes))?;
-        if let Err(e) = check("cuMemsetD8", sys::cuMemsetD8_v2(ptr, 0, bytes)) {
-            sys::cuMemFree_v2(ptr);
-            return Err(e);
-        }
-        check("cuCtxSynchronize", sys::cuCtxSynchronize())?;
+/// A zero-filled device allocation of the current context, freed on drop after the context
+/// finished its work (setup and teardown time only: both synchronize).
+#[derive(Debug)]
+pub struct DeviceBuffer {
+    ptr: DevicePtr,
+}
+
+impl DeviceBuffer {
+    pub fn zeroed(bytes: usize) -> Result<DeviceBuffer> {
+        driver()?;
+        // SAFETY: allocates in the current context; the buffer owns the allocation from here on.
+        let buffer = DeviceBuffer { ptr: DevicePtr(unsafe { result::malloc_sync(bytes) }.map_err(cuda("cuMemAlloc"))?) };
+        // SAFETY: the memset covers exactly the allocation.
+        unsafe { result::memset_d8_sync(buffer.ptr.0, 0, bytes) }.map_err(cuda("cuMemsetD8"))?;
+        result::ctx::synchronize().map_err(cuda("cuCtxSynchronize"))?;
+        Ok(buffer)
     }
-    Ok(ptr)
+
+    pub fn ptr(&self) -> DevicePtr {
+        self.ptr
+    }
 }
 
-/// Frees an allocation of the current context after the context has finished its work.
-///
-/// # Safety
-/// `ptr` must come from [`alloc_zeroed`] in the current context and not be used afterwards.
-pub unsafe fn free(ptr: u64) -> Result<()> {
-    check("cuCtxSynchronize", sys::cuCtxSynchronize())?;
-    check("cuMemFree", sys::cuMemFree_v2(ptr))
+impl Drop for DeviceBuffer {
+    /// Must run with the allocation's context current (groups drop their buffers inside
+    /// [`with_device`]); errors are logged, never panicked on.
+    fn drop(&mut self) {
+        // SAFETY: the buffer owns the allocation; synchronizing first lets launched work finish.
+        let freed = result::ctx::synchronize().and_then(|()| unsafe { result::free_sync(self.ptr.0) });
+        if let Err(e) = freed {
+            crate::log::warning(&format!("freeing a device buffer: {}", cuda("cuMemFree")(e)));
+        }
+    }
 }
 
 /// Enables access from `device`'s context to `peer`'s memory (idempotent). False when the
 /// hardware cannot (no NVLink/P2P path between the two).
 pub fn enable_peer_access(device: i32, peer: i32) -> Result<bool> {
+    driver()?;
     let mut can: std::ffi::c_int = 0;
     // SAFETY: valid out-pointer; device ordinals are checked by the driver.
-    check("cuDeviceCanAccessPeer", unsafe { sys::cuDeviceCanAccessPeer(&mut can, device, peer) })?;
+    unsafe { sys::cuDeviceCanAccessPeer(&mut can, device, peer) }.result().map_err(cuda("cuDeviceCanAccessPeer"))?;
     if can == 0 {
         return Ok(false);
     }
@@ -131,44 +151,39 @@ pub fn enable_peer_access(device: i32, peer: i32) -> Result<bool> {
         // SAFETY: peer_ctx is a retained context; the current context is device's.
         match unsafe { sys::cuCtxEnablePeerAccess(peer_ctx, 0) } {
             sys::CUresult::CUDA_SUCCESS | sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED => Ok(true),
-            e => Err(Error::Cuda { call: "cuCtxEnablePeerAccess", code: e as i32 }),
+            e => Err(cuda("cuCtxEnablePeerAccess")(result::DriverError(e))),
         }
     })
 }
 
 /// Compute capability major and multiprocessor count of `device`.
 pub fn device_properties(device: i32) -> Result<(i32, i32)> {
+    use sys::CUdevice_attribute::*;
     driver()?;
-    let (mut major, mut sms) = (0, 0);
-    // SAFETY: valid out-pointers.
+    let dev = result::device::get(device).map_err(cuda("cuDeviceGet"))?;
+    // SAFETY: `dev` is a device of this driver; the attributes are plain integers.
     unsafe {
-        let mut dev: sys::CUdevice = 0;
-        check("cuDeviceGet", sys::cuDeviceGet(&mut dev, device))?;
-        use sys::CUdevice_attribute::*;
-        check("cuDeviceGetAttribute", sys::cuDeviceGetAttribute(&mut major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev))?;
-        check("cuDeviceGetAttribute", sys::cuDeviceGetAttribute(&mut sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev))?;
+        let major = result::device::get_attribute(dev, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR);
+        let sms = result::device::get_attribute(dev, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT);
+        Ok((major.map_err(cuda("cuDeviceGetAttribute"))?, sms.map_err(cuda("cuDeviceGetAttribute"))?))
     }
-    Ok((major, sms))
 }
 
 /// Compute capability of `device` as major * 10 + minor (90 for sm_90).
 pub fn compute_capability(device: i32) -> Result<u32> {
     let (major, _) = device_properties(device)?;
-    let (mut dev, mut minor): (sys::CUdevice, i32) = (0, 0);
-    // SAFETY: valid out-pointers; the driver is initialised (device_properties).
-    unsafe {
-        check("cuDeviceGet", sys::cuDeviceGet(&mut dev, device))?;
-        let attribute = sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR;
-        check("cuDeviceGetAttribute", sys::cuDeviceGetAttribute(&mut minor, attribute, dev))?;
-    }
+    let dev = result::device::get(device).map_err(cuda("cuDeviceGet"))?;
+    let attribute = sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR;
+    // SAFETY: `dev` is a device of this driver (initialised by device_properties); a plain integer.
+    let minor = unsafe { result::device::get_attribute(dev, attribute) }.map_err(cuda("cuDeviceGetAttribute"))?;
     Ok((major * 10 + minor) as u32)
 }
 
 /// Whether `stream` is being captured into a CUDA graph.
-pub fn is_capturing(stream: usize) -> Result<bool> {
-    let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
-    // SAFETY: valid out-pointer; `stream` is the caller's stream.
-    check("cuStreamIsCapturing", unsafe { sys::cuStreamIsCapturing(stream as sys::CUstream, &mut status) })?;
+pub fn is_capturing(stream: Stream) -> Result<bool> {
+    driver()?;
+    // SAFETY: `stream` is the caller's stream of the current context.
+    let status = unsafe { result::stream::is_capturing(stream.raw()) }.map_err(cuda("cuStreamIsCapturing"))?;
     Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
 }
 
@@ -177,49 +192,48 @@ pub fn is_capturing(stream: usize) -> Result<bool> {
 pub struct Function(sys::CUfunction);
 // SAFETY: a CUfunction is an immutable handle the driver lets any thread launch.
 unsafe impl Send for Function {}
+// SAFETY: as for Send: nothing is mutated through the handle.
 unsafe impl Sync for Function {}
 
 impl Function {
     /// The virtual architecture its code was compiled from (90: compute_90), i.e. for PTX
     /// compiled at load, the PTX's: which `__CUDA_ARCH__` branches the kernel has.
     pub fn ptx_version(&self) -> Result<i32> {
-        let mut v = 0;
-        // SAFETY: a live function handle and a valid out-pointer.
-        check("cuFuncGetAttribute", unsafe {
-            sys::cuFuncGetAttribute(&mut v, sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PTX_VERSION, self.0)
-        })?;
-        Ok(v)
+        let attribute = sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PTX_VERSION;
+        // SAFETY: a live function handle of a loaded module.
+        unsafe { result::function::get_function_attribute(self.0, attribute) }.map_err(cuda("cuFuncGetAttribute"))
     }
 }
 
 /// Loads a fatbin into the current context and resolves `names` (missing names are None).
 pub fn load_module(image: &[u8], names: &[String]) -> Result<Vec<Option<Function>>> {
-    let mut module: sys::CUmodule = std::ptr::null_mut();
+    driver()?;
     // SAFETY: `image` is a complete fatbin (embedded at build time); the module is never
     // unloaded, so the functions stay valid for the life of the process.
-    check("cuModuleLoadData", unsafe { sys::cuModuleLoadData(&mut module, image.as_ptr().cast()) })?;
+    let module = unsafe { result::module::load_data(image.as_ptr().cast()) }.map_err(cuda("cuModuleLoadData"))?;
     names
         .iter()
         .map(|name| {
             let c_name = std::ffi::CString::new(name.as_str()).expect("kernel names have no NUL");
-            let mut f: sys::CUfunction = std::ptr::null_mut();
-            // SAFETY: valid module and out-pointer.
-            match unsafe { sys::cuModuleGetFunction(&mut f, module, c_name.as_ptr()) } {
-                sys::CUresult::CUDA_SUCCESS => Ok(Some(Function(f))),
-                sys::CUresult::CUDA_ERROR_NOT_FOUND => Ok(None),
-                e => Err(Error::Cuda { call: "cuModuleGetFunction", code: e as i32 }),
+            // SAFETY: a loaded module and a NUL-terminated name.
+            match unsafe { result::module::get_function(module, c_name) } {
+                Ok(f) => Ok(Some(Function(f))),
+                Err(result::DriverError(sys::CUresult::CUDA_ERROR_NOT_FOUND)) => Ok(None),
+                Err(e) => Err(cuda("cuModuleGetFunction")(e)),
             }
         })
         .collect()
 }
 
-/// Launches `f` with one by-value argument block (`params`), `block` threads per CTA.
+/// Launches `f` with one by-value argument block (`params`), `block` threads per CTA, and
+/// programmatic stream serialization when `pdl` (the kernels' griddepcontrol.wait).
 ///
 /// # Safety
-/// `params` must be the kernel's one parameter, laid out as the kernel expects, and `stream`
-/// a stream of the context `f` was loaded in.
-pub unsafe fn launch<P>(f: Function, grid: u32, block: u32, stream: usize, params: &P, pdl: bool) -> Result<()> {
-    let mut attr: sys::CUlaunchAttribute = std::mem::zeroed();
+/// `params` must be the kernel's one parameter, laid out as the kernel expects, and describe
+/// memory the kernel may access; `stream` must be a stream of the context `f` was loaded in.
+pub unsafe fn launch<P>(f: Function, grid: u32, block: u32, stream: Stream, params: &P, pdl: bool) -> Result<()> {
+    // SAFETY: CUlaunchAttribute is a plain C struct; all zeros is a valid value.
+    let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
     attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
     attr.value.programmaticStreamSerializationAllowed = 1;
     let config = sys::CUlaunchConfig {
@@ -230,84 +244,92 @@ pub unsafe fn launch<P>(f: Function, grid: u32, block: u32, stream: usize, param
         blockDimY: 1,
         blockDimZ: 1,
         sharedMemBytes: 0,
-        hStream: stream as sys::CUstream,
+        hStream: stream.raw(),
         attrs: if pdl { &mut attr } else { std::ptr::null_mut() },
         numAttrs: pdl as u32,
     };
     let mut args = [params as *const P as *mut std::ffi::c_void];
-    check("cuLaunchKernelEx", sys::cuLaunchKernelEx(&config, f.0, args.as_mut_ptr(), std::ptr::null_mut()))
+    // SAFETY: the caller's contract; cudarc's result layer has no cuLaunchKernelEx.
+    unsafe { sys::cuLaunchKernelEx(&config, f.0, args.as_mut_ptr(), std::ptr::null_mut()) }
+        .result()
+        .map_err(cuda("cuLaunchKernelEx"))
 }
 
 /// Number of CUDA devices this process sees.
 pub fn device_count() -> Result<i32> {
     driver()?;
-    let mut n = 0;
-    // SAFETY: valid out-pointer.
-    check("cuDeviceGetCount", unsafe { sys::cuDeviceGetCount(&mut n) })?;
-    Ok(n)
+    result::device::get_count().map_err(cuda("cuDeviceGetCount"))
 }
 
 /// The IPC handle of an allocation of the current context (64 opaque bytes).
-pub fn ipc_handle(ptr: u64) -> Result<[u8; 64]> {
+pub fn ipc_handle(ptr: DevicePtr) -> Result<[u8; 64]> {
     // SAFETY: CUipcMemHandle is 64 plain bytes; all zeros is a valid value.
     let mut handle: sys::CUipcMemHandle = unsafe { std::mem::zeroed() };
     // SAFETY: ptr is a cuMemAlloc allocation of the current context; valid out-pointer.
-    check("cuIpcGetMemHandle", unsafe { sys::cuIpcGetMemHandle(&mut handle, ptr) })?;
+    unsafe { sys::cuIpcGetMemHandle(&mut handle, ptr.0) }.result().map_err(cuda("cuIpcGetMemHandle"))?;
     Ok(handle.reserved.map(|c| c as u8))
 }
 
-/// Maps another process's allocation into the current context.
-pub fn ipc_open(handle: &[u8; 64]) -> Result<u64> {
-    // SAFETY: as in ipc_handle.
-    let mut h: sys::CUipcMemHandle = unsafe { std::mem::zeroed() };
-    h.reserved = handle.map(|b| b as std::ffi::c_char);
-    let mut ptr: sys::CUdeviceptr = 0;
-    // SAFETY: valid out-pointer; the driver validates the handle.
-    check("cuIpcOpenMemHandle", unsafe {
-        sys::cuIpcOpenMemHandle_v2(&mut ptr, h, sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32)
-    })?;
-    Ok(ptr)
+/// Another process's allocation mapped into the current context; unmapped on drop, after the
+/// context finished its work (which must be current then).
+#[derive(Debug)]
+pub struct IpcMapping {
+    ptr: DevicePtr,
 }
 
-/// Unmaps what [`ipc_open`] mapped, after the current context finished its work.
-///
-/// # Safety
-/// `ptr` must come from [`ipc_open`] in the current context and not be used afterwards.
-pub unsafe fn ipc_close(ptr: u64) -> Result<()> {
-    check("cuCtxSynchronize", sys::cuCtxSynchronize())?;
-    check("cuIpcCloseMemHandle", sys::cuIpcCloseMemHandle(ptr))
+impl IpcMapping {
+    pub fn open(handle: &[u8; 64]) -> Result<IpcMapping> {
+        // SAFETY: as in ipc_handle.
+        let mut h: sys::CUipcMemHandle = unsafe { std::mem::zeroed() };
+        h.reserved = handle.map(|b| b as std::ffi::c_char);
+        let mut ptr: sys::CUdeviceptr = 0;
+        let flags = sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32;
+        // SAFETY: valid out-pointer; the driver validates the handle.
+        unsafe { sys::cuIpcOpenMemHandle_v2(&mut ptr, h, flags) }.result().map_err(cuda("cuIpcOpenMemHandle"))?;
+        Ok(IpcMapping { ptr: DevicePtr(ptr) })
+    }
+
+    pub fn ptr(&self) -> DevicePtr {
+        self.ptr
+    }
+}
+
+impl Drop for IpcMapping {
+    fn drop(&mut self) {
+        // SAFETY: the mapping is ours; synchronizing first lets launched work finish.
+        let closed = result::ctx::synchronize().and_then(|()| unsafe { sys::cuIpcCloseMemHandle(self.ptr.0) }.result());
+        if let Err(e) = closed {
+            crate::log::warning(&format!("unmapping a peer workspace: {}", cuda("cuIpcCloseMemHandle")(e)));
+        }
+    }
 }
 
 /// Setup-time collectives: `enqueue(stream, scratch)` on a private stream of the current context
 /// with `bytes` of zeroed device scratch, a wait for the stream, then `read(scratch)`.
 pub fn with_scratch_stream<T>(
     bytes: usize,
-    enqueue: impl FnOnce(usize, u64) -> Result<()>,
-    read: impl FnOnce(u64) -> Result<T>,
+    enqueue: impl FnOnce(Stream, DevicePtr) -> Result<()>,
+    read: impl FnOnce(DevicePtr) -> Result<T>,
 ) -> Result<T> {
-    let mut stream: sys::CUstream = std::ptr::null_mut();
-    // SAFETY: valid out-pointer.
-    check("cuStreamCreate", unsafe { sys::cuStreamCreate(&mut stream, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32) })?;
-    let result = alloc_zeroed(bytes).and_then(|scratch| {
-        let r = enqueue(stream as usize, scratch)
+    driver()?;
+    let stream = result::stream::create(result::stream::StreamKind::NonBlocking).map_err(cuda("cuStreamCreate"))?;
+    let outcome = DeviceBuffer::zeroed(bytes).and_then(|scratch| {
+        enqueue(Stream(stream as usize), scratch.ptr())
             // SAFETY: the stream is ours.
-            .and_then(|()| check("cuStreamSynchronize", unsafe { sys::cuStreamSynchronize(stream) }))
-            .and_then(|()| read(scratch));
-        // SAFETY: the stream is idle (synchronized, or nothing was enqueued).
-        unsafe { free(scratch) }.ok();
-        r
+            .and_then(|()| unsafe { result::stream::synchronize(stream) }.map_err(cuda("cuStreamSynchronize")))
+            .and_then(|()| read(scratch.ptr()))
     });
-    // SAFETY: no work is left on the stream.
-    unsafe { sys::cuStreamDestroy_v2(stream) };
-    result
+    // SAFETY: no work is left on the stream (synchronized, or nothing was enqueued).
+    let _ = unsafe { result::stream::destroy(stream) };
+    outcome
 }
 
 /// Host-to-device and device-to-host copies of setup-time scratch (synchronous).
-pub fn copy_to_device(dst: u64, src: &[u8]) -> Result<()> {
+pub fn copy_to_device(dst: DevicePtr, src: &[u8]) -> Result<()> {
     // SAFETY: dst holds at least src.len() bytes (the caller's scratch).
-    check("cuMemcpyHtoD", unsafe { sys::cuMemcpyHtoD_v2(dst, src.as_ptr().cast(), src.len()) })
+    unsafe { result::memcpy_htod_sync(dst.0, src) }.map_err(cuda("cuMemcpyHtoD"))
 }
-pub fn copy_to_host(dst: &mut [u8], src: u64) -> Result<()> {
+pub fn copy_to_host(dst: &mut [u8], src: DevicePtr) -> Result<()> {
     // SAFETY: src holds at least dst.len() bytes (the caller's scratch).
-    check("cuMemcpyDtoH", unsafe { sys::cuMemcpyDtoH_v2(dst.as_mut_ptr().cast(), src, dst.len()) })
+    unsafe { result::memcpy_dtoh_sync(dst, src.0) }.map_err(cuda("cuMemcpyDtoH"))
 }

@@ -1,11 +1,14 @@
-//! One error type for the whole core. Every entry point from C or C++ converts it into a
-//! TensorRT status code (or `false`/null) after logging it once; nothing unwinds across the ABI.
+//! One error type for the whole core (a leaf: it names no other module's types). Every entry
+//! point from C or C++ converts it into a TensorRT status code (or `false`/null) after logging
+//! it once; nothing unwinds across the ABI.
 
+use cudarc::driver::DriverError;
 use thiserror::Error;
 
 /// Everything that can go wrong in the plugin core.
 #[derive(Debug, Error)]
 pub enum Error {
+    // Plugin fields (createPlugin).
     #[error("plugin field '{name}': {reason}")]
     Field { name: String, reason: String },
 
@@ -16,16 +19,88 @@ pub enum Error {
     MissingField(&'static str),
 
     #[error("{0}")]
-    InvalidArgument(String),
+    RawField(&'static str),
+
+    // The tensors TensorRT describes.
+    #[error("AllReducePlugin takes {want_in} inputs and {want_out} outputs, {what}; got {got_in} inputs and {got_out} outputs")]
+    TensorCount { want_in: usize, want_out: usize, got_in: usize, got_out: usize, what: &'static str },
+
+    #[error("unsupported tensor type {0} (supported: kFLOAT=0, kHALF=1, kBF16=7)")]
+    UnsupportedType(i32),
+
+    #[error("tensor {index} has type {dtype}, the first input has {first}: all must match")]
+    TypeMismatch { index: usize, dtype: i32, first: i32 },
+
+    #[error("{0}")]
+    Shape(String),
+
+    #[error("null tensor address (inputs {inputs:x?}, outputs {outputs:x?})")]
+    NullTensor { inputs: Vec<usize>, outputs: Vec<usize> },
+
+    #[error("the fused residual + RMSNorm all-reduce needs 16-byte aligned tensors")]
+    Unaligned,
+
+    // Registration (the C ABI).
+    #[error("cannot register a communicator for negative CUDA device id {0}")]
+    NegativeDevice(i32),
+
+    #[error("cannot register device {device}: ncclComm ({comm:#x}) and ncclAllReduce ({all_reduce:#x}) must both be non-null")]
+    NullRegistration { device: i32, comm: usize, all_reduce: usize },
+
+    #[error("cannot unregister device {device}: communicator {comm:#x} is not the registered one ({registered:#x})")]
+    OtherCommunicator { device: i32, comm: usize, registered: usize },
+
+    #[error("no communicator is registered for device {0}")]
+    NothingRegistered(i32),
 
     #[error("no NCCL communicator is registered for CUDA device {device}: call edgellmRegisterNcclCommForAllReducePlugin (or trt_edgellm::plugins::registerNcclCommForAllReducePlugin) for this device before running an engine with tp_size {tp_size}")]
     NotRegistered { device: i32, tp_size: i32 },
 
+    #[error("libNamespace is not valid UTF-8")]
+    NamespaceNotUtf8,
+
+    #[error("TensorRT refused to register AllReducePlugin in namespace '{0}'")]
+    RegistryRefused(String),
+
+    // Groups and their workspaces.
+    #[error("no custom kernels for {nranks} ranks (they exist for {supported:?})")]
+    RankCount { nranks: i32, supported: &'static [i32] },
+
+    #[error("two ranks on device {0}")]
+    SharedDevice(i32),
+
+    #[error("devices {0} and {1} have no peer access")]
+    NoPeerAccess(i32, i32),
+
+    #[error("rank {0} of this group is not driven by this process")]
+    RankNotLocal(i32),
+
+    #[error("not every rank could set up or map the workspaces (ranks on several hosts, no IPC between the devices, or different settings)")]
+    ExchangeRefused,
+
+    #[error("the registered ncclAllReduce is not in a loaded NCCL library")]
+    NotNccl,
+
+    #[error("the NCCL library has no {0}")]
+    NcclSymbol(&'static str),
+
+    // Kernels, CUDA and NCCL.
+    #[error("kernel {0} is not in the embedded modules")]
+    NoKernel(String),
+
+    /// Some kernel modules did not load on the device (docs/PLATFORMS.md): no group forms there.
+    #[error("{0}")]
+    KernelsUnavailable(String),
+
+    #[error("the fused residual + RMSNorm all-reduce cannot run: {0}")]
+    NormUnavailable(String),
+
     #[error("the CUDA driver (libcuda.so.1) could not be loaded: a GPU and its driver are needed for this call")]
     NoDriver,
 
-    #[error("CUDA call {call} failed with error {code}")]
-    Cuda { call: &'static str, code: i32 },
+    /// The driver's `CUresult`, by name (`CUDA_ERROR_OUT_OF_MEMORY`, ...).
+    #[error("CUDA call {call} failed with {:?}", .source.0)]
+    Cuda { call: &'static str, source: DriverError },
 
     #[error("ncclAllReduce failed with ncclResult_t {0}")]
     Nccl(i32),
@@ -46,13 +121,18 @@ impl Error {
     pub(crate) fn field(name: &str, reason: impl Into<String>) -> Self {
         Error::Field { name: name.to_owned(), reason: reason.into() }
     }
-    pub(crate) fn invalid(reason: impl Into<String>) -> Self {
-        Error::InvalidArgument(reason.into())
+    pub(crate) fn shape(reason: impl Into<String>) -> Self {
+        Error::Shape(reason.into())
     }
 }
 
+/// Names the failed driver call: `cuda_result.map_err(cuda("cuMemAlloc"))?`.
+pub(crate) fn cuda(call: &'static str) -> impl FnOnce(DriverError) -> Error {
+    move |source| Error::Cuda { call, source }
+}
+
 /// Runs `f`, turning a panic into [`Error::Panic`] and logging any error once with `context`.
-/// Every function reachable from C or C++ runs its body through this.
+/// Every function reachable from C or C++ runs its body through this (or [`guard_or`]).
 pub(crate) fn guard<T>(context: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|payload| {
         let text = payload
@@ -66,4 +146,29 @@ pub(crate) fn guard<T>(context: &str, f: impl FnOnce() -> Result<T>) -> Result<T
         crate::log::error(&format!("{context}: {e}"));
     }
     outcome
+}
+
+/// [`guard`] for an entry point that cannot report an error: `fallback` after a panic (logged).
+pub(crate) fn guard_or<T>(context: &str, fallback: T, f: impl FnOnce() -> T) -> T {
+    guard(context, || Ok(f())).unwrap_or(fallback)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_panic_becomes_an_error_or_the_fallback() {
+        let e = guard("test", || -> Result<()> { panic!("boom") }).unwrap_err();
+        assert!(matches!(&e, Error::Panic(text) if text == "boom"), "{e}");
+        assert_eq!(guard_or("test", -1, || panic!("boom")), -1);
+        assert_eq!(guard_or("test", -1, || 7), 7);
+    }
+
+    #[test]
+    fn cuda_errors_name_their_cuda_result() {
+        use cudarc::driver::sys::CUresult;
+        let e = cuda("cuMemAlloc")(DriverError(CUresult::CUDA_ERROR_OUT_OF_MEMORY));
+        assert_eq!(e.to_string(), "CUDA call cuMemAlloc failed with CUDA_ERROR_OUT_OF_MEMORY");
+    }
 }

@@ -332,7 +332,8 @@ mod tests {
 
     #[test]
     fn bad_fields_are_rejected_with_their_name() {
-        let cases: Vec<(Vec<(String, i32, Vec<u8>)>, &str)> = vec![
+        type Case = (Vec<(String, i32, Vec<u8>)>, &'static str);
+        let cases: Vec<Case> = vec![
             (vec![int("tp_size", 0)], "tp_size"),
             (vec![int("tp_size", -3)], "tp_size"),
             (vec![int("tp_size", 2), int("strategy", 4)], "strategy"),

@@ -1,47 +1,89 @@
 //! edgellm-allreduce: a drop-in replacement for TensorRT-Edge-LLM's AllReduce plugin library.
 //!
-//! TensorRT talks to C++ (`cpp/`), C++ talks to Rust (the bridge below), Rust decides and
-//! launches: `enqueue` → [`plugin::PluginCore::enqueue`] → [`strategy::choose`] → custom kernel,
-//! NCCL or copy.
+//! TensorRT talks to C++ (`cpp/`), C++ talks to Rust (the bridge below, implemented in
+//! `bridge.rs`), Rust decides and launches. One enqueue, in four files: `plugin.rs`
+//! (`PluginCore::enqueue`: checks the tensors) → `strategy.rs` (`choose`: copy, NCCL or a kernel
+//! family) → `launch.rs` (`Group::launch`: grid, block, parameters) → `cuda.rs`
+//! (`cuLaunchKernelEx`).
 //!
 //! | module | owns |
 //! |---|---|
-//! | [`abi`] | the C ABI (`edgellm*`, `initEdgellmPlugins`), forwarded to the overlay's base |
-//! | `overlay` | Edge-LLM's own plugin library loaded beside this one (the base) |
-//! | `loader` | what the dynamic loader knows: the file of an address, loaded libraries |
-//! | [`registry`] | per-device NCCL registrations |
-//! | [`fields`] | plugin fields: parse, validate, serialize |
-//! | [`plugin`] | shapes, types, formats, enqueue dispatch |
-//! | [`strategy`] | which path runs a call: copy, NCCL or a custom kernel family |
-//! | [`workspace`] | per-rank workspaces, groups of ranks, peer access |
-//! | [`kernels`] | the embedded CUDA kernels and their launch rule |
-//! | [`kernel_images`] | which embedded image a GPU runs; what is said when none loads |
-//! | [`communicator`] | what a registered NCCL communicator spans |
-//! | [`tensor`] | TensorRT data types and descriptors |
-//! | [`cuda`] | the CUDA driver through cudarc, dynamically loaded |
-//! | [`nccl`] | calls through the registered `ncclAllReduce` |
-//! | [`error`], [`log`] | the error type; logging through TensorRT's logger |
+//! | `bridge`, [`abi`] | the entry points: the cxx bridge's Rust side, the C ABI (`edgellm*`, `initEdgellmPlugins`), forwarded to the overlay's base |
+//! | `overlay`, `loader` | Edge-LLM's own plugin library loaded beside this one (the base); what the dynamic loader knows |
+//! | `plugin`, `io` | the plugin's decisions and enqueue dispatch; its tensors' counts, types, shapes, formats |
+//! | `fields` | plugin fields: parse, validate, serialize |
+//! | `strategy` | which path runs a call: copy, NCCL or a custom kernel family |
+//! | `launch` | the launcher: fits, grid and block, parameters, launch |
+//! | `family` | each kernel family described once: names, sync, fits and grid rules |
+//! | `contract` | the kernels' constants and parameter blocks (cbindgen writes `kernels/ear_contract.h`) |
+//! | `kernels` | the embedded kernels, loaded per device |
+//! | `kernel_images` | which embedded image a GPU runs; what is said when none loads |
+//! | `groups` | which devices form a group; the group table |
+//! | `exchange` | the multi-process agreement (IPC handles through NCCL) |
+//! | `group` | one group's memory: workspaces, state blocks, release |
+//! | `registry` | per-device NCCL registrations |
+//! | `communicator` | what a registered NCCL communicator spans |
+//! | `config` | every environment knob, read once |
+//! | `cuda`, `nccl`, `tensor`, `error`, `log` | leaves: the driver, the NCCL call, TensorRT types, errors, logging |
+//!
+//! The Rust API below (re-exported from those modules) is what the benchmark and the GPU tests
+//! use; everything else is private to the crate.
+
+#![deny(unsafe_op_in_unsafe_fn)]
+#![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod abi;
-pub mod communicator;
-pub mod cuda;
-pub mod error;
-pub mod fields;
-pub mod kernel_images;
-pub mod kernels;
+mod bridge;
+mod communicator;
+mod config;
+mod contract;
+mod cuda;
+mod error;
+mod exchange;
+mod family;
+mod fields;
+mod group;
+mod groups;
+mod io;
+mod kernel_images;
+mod kernels;
+mod launch;
 mod loader;
-pub mod log;
-pub mod nccl;
+mod log;
+mod nccl;
 mod overlay;
-pub mod plugin;
-pub mod registry;
-pub mod strategy;
-pub mod tensor;
-pub mod workspace;
+mod plugin;
+mod registry;
+mod strategy;
+mod tensor;
 
-use error::{guard, Result};
-use plugin::PluginCore;
+// The benchmark's and the GPU tests' API.
+pub use cuda::{DevicePtr, Stream};
+pub use error::{Error, Result};
+pub use family::{Family, RANK_COUNTS};
+pub use ffi::TensorDesc;
+pub use fields::{FusionOp, PluginConfig};
+pub use group::{max_message_bytes, Group};
+pub use groups::group_for;
+pub use kernels::{for_device as device_kernels, DeviceKernels, IMAGES as KERNEL_IMAGES};
+pub use launch::{Fits, FusedCall, Message};
+pub use nccl::dtype_code as nccl_dtype_code;
+pub use plugin::PluginCore;
+pub use strategy::{choose, requested, Call, Path, Requested};
+pub use tensor::DataType;
 
+use bridge::*;
+
+/// The configuration (`crate::config`), what could not be parsed logged once.
+pub(crate) fn config() -> &'static config::Config {
+    static REPORTED: std::sync::Once = std::sync::Once::new();
+    let config = config::get();
+    REPORTED.call_once(|| config.problems.iter().for_each(|p| log::warning(p)));
+    config
+}
+
+// The bridge: declarations only (three groups, as cxx's demo): shared structs, the Rust side
+// (src/bridge.rs, every function behind the panic guard), the C++ side (cpp/registration.cpp).
 #[cxx::bridge(namespace = "trt_edgellm::ffi")]
 mod ffi {
     // Shared structs.
@@ -85,13 +127,17 @@ mod ffi {
 
         fn plugin_from_fields(fields: &[RawField]) -> Result<Box<PluginCore>>;
         fn plugin_with_tp_size(tp_size: i32) -> Result<Box<PluginCore>>;
-        fn clone_box(self: &PluginCore) -> Box<PluginCore>;
+        fn clone_box(self: &PluginCore) -> Result<Box<PluginCore>>;
+        #[rust_name = "nb_inputs_checked"]
         fn nb_inputs(self: &PluginCore) -> i32;
+        #[rust_name = "nb_outputs_checked"]
         fn nb_outputs(self: &PluginCore) -> i32;
         fn output_types_checked(self: &PluginCore, input_types: &[i32], output_types: &mut [i32]) -> Result<()>;
         fn output_shape_sources_checked(self: &PluginCore, inputs: &[TensorDesc], sources: &mut [i32]) -> Result<()>;
+        #[rust_name = "supports_format_checked"]
         fn supports_format(self: &PluginCore, pos: i32, in_out: &[TensorDesc], nb_inputs: i32) -> bool;
         fn configure_checked(self: &mut PluginCore, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()>;
+        #[rust_name = "workspace_size_checked"]
         fn workspace_size(self: &PluginCore) -> usize;
         fn on_shape_change_checked(self: &mut PluginCore, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()>;
         fn enqueue_checked(
@@ -102,7 +148,7 @@ mod ffi {
             output_ptrs: &[usize],
             stream: usize,
         ) -> Result<()>;
-        fn fields_to_serialize(self: &PluginCore) -> Vec<FieldValue>;
+        fn fields_to_serialize(self: &PluginCore) -> Result<Vec<FieldValue>>;
 
         fn creator_field_names() -> Vec<FieldValue>;
         fn nccl_registration(device: i32) -> NcclRegistration;
@@ -133,117 +179,3 @@ mod ffi {
     }
 }
 
-pub use ffi::TensorDesc;
-
-// The bridge's Rust side: each function runs its body through `guard`, so a panic becomes an
-// error, every error is logged once, and C++ sees a `rust::Error` it turns into a status code.
-
-fn plugin_from_fields(raw: &[ffi::RawField]) -> Result<Box<PluginCore>> {
-    guard("AllReducePlugin creation", || {
-        let fields = raw.iter().map(incoming).collect::<Result<Vec<_>>>()?;
-        PluginCore::from_fields(&fields).map(Box::new)
-    })
-}
-
-/// Reads one TensorRT `PluginField` (borrowed for the duration of `createPlugin`).
-fn incoming(f: &ffi::RawField) -> Result<fields::IncomingField<'_>> {
-    if f.name == 0 {
-        return Err(error::Error::invalid("a plugin field has a null name"));
-    }
-    // SAFETY: TensorRT's contract: `name` is a NUL-terminated string and `data` points to
-    // `length` elements of `field_type`, both alive while createPlugin runs.
-    let name = unsafe { std::ffi::CStr::from_ptr(f.name as *const std::ffi::c_char) }
-        .to_str()
-        .map_err(|_| error::Error::invalid("a plugin field name is not valid UTF-8"))?;
-    let size = fields::element_size(f.field_type).unwrap_or(0);
-    let bytes = match usize::try_from(f.length) {
-        Ok(n) if f.data != 0 && size > 0 && n > 0 => {
-            // SAFETY: as above; the length is bounded by what TensorRT allocated.
-            unsafe { std::slice::from_raw_parts(f.data as *const u8, n * size) }
-        }
-        _ => &[],
-    };
-    Ok(fields::IncomingField { name, field_type: f.field_type, length: f.length, bytes })
-}
-
-fn plugin_with_tp_size(tp_size: i32) -> Result<Box<PluginCore>> {
-    guard("AllReducePlugin creation", || PluginCore::new(fields::PluginConfig::with_tp_size(tp_size)?).map(Box::new))
-}
-
-impl PluginCore {
-    fn clone_box(&self) -> Box<PluginCore> {
-        Box::new(self.clone())
-    }
-    fn output_types_checked(&self, input_types: &[i32], output_types: &mut [i32]) -> Result<()> {
-        guard("AllReducePlugin::getOutputDataTypes", || self.output_types(input_types, output_types))
-    }
-    fn output_shape_sources_checked(&self, inputs: &[TensorDesc], sources: &mut [i32]) -> Result<()> {
-        guard("AllReducePlugin::getOutputShapes", || self.output_shape_sources(inputs, sources))
-    }
-    fn configure_checked(&mut self, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
-        guard("AllReducePlugin::configurePlugin", || self.configure(inputs, outputs))
-    }
-    fn on_shape_change_checked(&mut self, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
-        guard("AllReducePlugin::onShapeChange", || self.on_shape_change(inputs, outputs))
-    }
-    fn enqueue_checked(
-        &self,
-        inputs: &[TensorDesc],
-        outputs: &[TensorDesc],
-        input_ptrs: &[usize],
-        output_ptrs: &[usize],
-        stream: usize,
-    ) -> Result<()> {
-        guard("AllReducePlugin::enqueue", || self.enqueue(inputs, outputs, input_ptrs, output_ptrs, stream))
-    }
-    fn fields_to_serialize(&self) -> Vec<ffi::FieldValue> {
-        self.serialized_fields().into_iter().map(field_value).collect()
-    }
-}
-
-fn field_value(f: fields::OutgoingField) -> ffi::FieldValue {
-    let length = if f.bytes.is_empty() { 0 } else { 1 };
-    ffi::FieldValue { name: f.name.to_owned(), field_type: f.field_type, length, data: f.bytes }
-}
-
-fn creator_field_names() -> Vec<ffi::FieldValue> {
-    fields::declared()
-        .into_iter()
-        .map(|f| ffi::FieldValue { length: 1, ..field_value(f) })
-        .collect()
-}
-
-fn nccl_registration(device: i32) -> ffi::NcclRegistration {
-    let r = registry::get(device);
-    ffi::NcclRegistration { comm: r.map_or(0, |r| r.comm), all_reduce: r.map_or(0, |r| r.all_reduce) }
-}
-
-fn last_nccl_all_reduce() -> usize {
-    registry::last_all_reduce()
-}
-
-fn log_error(message: &str) {
-    log::error(message)
-}
-fn log_warning(message: &str) {
-    log::warning(message)
-}
-fn log_info(message: &str) {
-    log::info(message)
-}
-
-fn overlay_load(preloaded_library: &str) -> usize {
-    let preloaded = (!preloaded_library.is_empty()).then(|| std::path::Path::new(preloaded_library));
-    guard("loading Edge-LLM's plugin library", || Ok(overlay::load(preloaded).map_or(0, |b| b.address))).unwrap_or(0)
-}
-
-fn overlay_base_address() -> usize {
-    guard("the overlay's base", || Ok(overlay::base().map_or(0, |b| b.address))).unwrap_or(0)
-}
-
-fn overlay_promote_to_global_scope() {
-    let _ = guard("making the library's exports global", || {
-        overlay::promote_to_global_scope();
-        Ok(())
-    });
-}

@@ -1,32 +1,12 @@
 //! Logging: through the TensorRT logger when the process gave us one (`initEdgellmPlugins`,
 //! `setLoggerFinder`; the C++ side knows the TensorRT 10/11 layouts), else to stderr, filtered by
-//! `EDGELLM_ALLREDUCE_LOG_LEVEL` (error, warning, info, verbose; default warning).
+//! `EDGELLM_ALLREDUCE_LOG_LEVEL` (error, warning, info, verbose; default warning; `crate::config`).
 
-use std::sync::OnceLock;
-
-/// TensorRT's `ILogger::Severity` values.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-#[repr(i32)]
-pub enum Severity {
-    Error = 1,
-    Warning = 2,
-    Info = 3,
-    Verbose = 4,
-}
-
-fn stderr_threshold() -> Severity {
-    static LEVEL: OnceLock<Severity> = OnceLock::new();
-    *LEVEL.get_or_init(|| match std::env::var("EDGELLM_ALLREDUCE_LOG_LEVEL").as_deref() {
-        Ok("error") => Severity::Error,
-        Ok("info") => Severity::Info,
-        Ok("verbose") => Severity::Verbose,
-        _ => Severity::Warning,
-    })
-}
+pub use crate::config::Severity;
 
 pub fn log(severity: Severity, message: &str) {
     let line = format!("[edgellm-allreduce] {message}");
-    if !crate::ffi::trt_log(severity as i32, &line) && severity <= stderr_threshold() {
+    if !crate::ffi::trt_log(severity as i32, &line) && severity <= crate::config::get().log_level {
         // Not eprintln!: it panics when stderr is closed, and logging must never panic.
         use std::io::Write;
         let _ = writeln!(std::io::stderr(), "{line}");

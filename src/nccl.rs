@@ -1,6 +1,7 @@
 //! The NCCL path: the registered `ncclAllReduce` is called through its address, so this library
 //! never loads an NCCL of its own (a second NCCL in one process is a hazard).
 
+use crate::cuda::{DevicePtr, Stream};
 use crate::error::{Error, Result};
 use crate::registry::Registration;
 use crate::tensor::DataType;
@@ -30,23 +31,18 @@ pub fn dtype_code(dtype: DataType) -> i32 {
 /// stream of that device.
 pub unsafe fn all_reduce(
     registration: Registration,
-    input: usize,
-    output: usize,
+    input: DevicePtr,
+    output: DevicePtr,
     count: usize,
     dtype: DataType,
-    stream: usize,
+    stream: Stream,
 ) -> Result<()> {
     // SAFETY: the caller guarantees the address is ncclAllReduce, whose C signature is AllReduceFn.
-    let f: AllReduceFn = std::mem::transmute::<usize, AllReduceFn>(registration.all_reduce);
-    let code = f(
-        input as *const c_void,
-        output as *mut c_void,
-        count,
-        dtype_code(dtype),
-        SUM,
-        registration.comm as *mut c_void,
-        stream as *mut c_void,
-    );
+    let f: AllReduceFn = unsafe { std::mem::transmute::<usize, AllReduceFn>(registration.all_reduce) };
+    // SAFETY: the caller's buffers, communicator and stream.
+    let code = unsafe {
+        f(input.as_const(), output.as_mut(), count, dtype_code(dtype), SUM, registration.comm.raw(), stream.0 as *mut c_void)
+    };
     if code != 0 {
         return Err(Error::Nccl(code));
     }
@@ -64,7 +60,9 @@ mod tests {
         assert_eq!(dtype_code(DataType::Bf16), 9);
     }
 
-    static CALLS: std::sync::Mutex<Vec<(usize, usize, usize, i32, i32, usize, usize)>> = std::sync::Mutex::new(Vec::new());
+    /// What the fake NCCL received: input, output, count, type, op, communicator, stream.
+    type Args = (usize, usize, usize, i32, i32, usize, usize);
+    static CALLS: std::sync::Mutex<Vec<Args>> = std::sync::Mutex::new(Vec::new());
     unsafe extern "C" fn fake(i: *const c_void, o: *mut c_void, n: usize, t: i32, op: i32, c: *mut c_void, s: *mut c_void) -> i32 {
         CALLS.lock().unwrap().push((i as usize, o as usize, n, t, op, c as usize, s as usize));
         if n == 13 { 5 } else { 0 }
@@ -72,10 +70,13 @@ mod tests {
 
     #[test]
     fn calls_the_registered_function_with_edge_llm_arguments() {
-        let r = Registration { comm: 0xc0, all_reduce: fake as *const () as usize };
-        unsafe { all_reduce(r, 0x10, 0x20, 4096, DataType::Bf16, 0x30) }.unwrap();
+        let r = Registration { comm: crate::registry::Comm(0xc0), all_reduce: fake as *const () as usize };
+        let (a, b, s) = (DevicePtr(0x10), DevicePtr(0x20), Stream(0x30));
+        // SAFETY: the fake reads nothing.
+        unsafe { all_reduce(r, a, b, 4096, DataType::Bf16, s) }.unwrap();
         assert_eq!(CALLS.lock().unwrap().last().copied(), Some((0x10, 0x20, 4096, 9, 0, 0xc0, 0x30)));
-        let err = unsafe { all_reduce(r, 0x10, 0x20, 13, DataType::Half, 0x30) }.unwrap_err();
+        // SAFETY: as above.
+        let err = unsafe { all_reduce(r, a, b, 13, DataType::Half, s) }.unwrap_err();
         assert!(matches!(err, Error::Nccl(5)));
     }
 }

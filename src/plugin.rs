@@ -1,48 +1,23 @@
-//! The plugin's decisions, one method per TensorRT override that needs one: outputs, types,
-//! shapes, formats, and what `enqueue` runs. The C++ class in `cpp/` only adapts TensorRT's
+//! The plugin's decisions, one method per TensorRT override that needs one, and what `enqueue`
+//! runs (its tensors' checks are `crate::io`'s). The C++ class in `cpp/` only adapts TensorRT's
 //! interfaces to these methods.
 
+use crate::cuda::{self, DevicePtr, Stream};
 use crate::error::{Error, Result};
-use crate::fields::{self, IncomingField, PluginConfig};
 use crate::ffi::TensorDesc;
+use crate::fields::{self, IncomingField, PluginConfig};
+use crate::group::Group;
+use crate::launch::{FusedCall, Message};
 use crate::strategy::{self, Call, Fallback, Path};
-use crate::tensor::{self, DataType, LINEAR};
-use crate::workspace::FusedCall;
-use crate::{cuda, kernels, nccl, registry, workspace};
+use crate::io::{Io, Shape};
+use crate::{groups, kernels, nccl, registry};
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
 
 /// State of one plugin instance: its configuration (what its fields say).
 #[derive(Clone, Debug)]
 pub struct PluginCore {
     config: PluginConfig,
-}
-
-/// What a run-time call carries, once its descriptors are checked.
-#[derive(Clone, Copy, Debug)]
-struct Shape {
-    count: usize,
-    dtype: DataType,
-    /// Fused op: `(tokens, hidden)` of x.
-    rows: Option<(u64, u32)>,
-}
-
-fn expect_io(core: &PluginCore, nb_inputs: usize, nb_outputs: usize) -> Result<()> {
-    let (want_in, want_out) = (core.nb_inputs() as usize, core.nb_outputs() as usize);
-    if nb_inputs != want_in || nb_outputs != want_out {
-        let what = if core.fused() {
-            if core.config.has_bias { "(x, residual, gamma, bias) -> (normed, residual_out)" } else { "(x, residual, gamma) -> (normed, residual_out)" }
-        } else {
-            "one input and one output"
-        };
-        return Err(Error::invalid(format!(
-            "AllReducePlugin takes {want_in} inputs and {want_out} outputs, {what}; got {nb_inputs} inputs and {nb_outputs} outputs"
-        )));
-    }
-    Ok(())
-}
-
-fn same_dims(a: &TensorDesc, b: &TensorDesc) -> bool {
-    a.nb_dims == b.nb_dims && a.dims[..a.nb_dims.clamp(0, 8) as usize] == b.dims[..b.nb_dims.clamp(0, 8) as usize]
 }
 
 impl PluginCore {
@@ -65,74 +40,39 @@ impl PluginCore {
         self.config.fuses_residual_rms_norm()
     }
 
+    /// Its inputs and outputs (`crate::io`).
+    fn io(&self) -> Io {
+        Io { fused: self.fused(), has_bias: self.config.has_bias }
+    }
+
     /// 1 (x), or for the fused op 3 (x, residual, gamma) or 4 (+ bias).
     pub fn nb_inputs(&self) -> i32 {
-        if self.fused() {
-            3 + self.config.has_bias as i32
-        } else {
-            1
-        }
+        self.io().nb_inputs()
     }
 
     /// 1 (the sum), or for the fused op 2 (normed, residual_out).
     pub fn nb_outputs(&self) -> i32 {
-        if self.fused() {
-            2
-        } else {
-            1
-        }
+        self.io().nb_outputs()
     }
 
     /// Every output has the type of the inputs, which must all be FP32, FP16 or BF16 alike.
     pub fn output_types(&self, input_types: &[i32], output_types: &mut [i32]) -> Result<()> {
-        expect_io(self, input_types.len(), output_types.len())?;
-        DataType::from_trt(input_types[0])
-            .ok_or_else(|| Error::invalid(format!("unsupported input type {} (supported: kFLOAT, kHALF, kBF16)", input_types[0])))?;
-        if let Some(i) = input_types.iter().position(|&t| t != input_types[0]) {
-            return Err(Error::invalid(format!("input {i} has type {}, input 0 has {}: all must match", input_types[i], input_types[0])));
-        }
-        output_types.fill(input_types[0]);
-        Ok(())
+        self.io().output_types(input_types, output_types)
     }
 
-    /// For each output, the index of the input whose shape it has (always x). For the fused op
-    /// also checks what is known at build time: residual like x, gamma and bias of x's last dim.
+    /// For each output, the index of the input whose shape it has (always x); for the fused op
+    /// also checks what is known at build time.
     pub fn output_shape_sources(&self, inputs: &[TensorDesc], sources: &mut [i32]) -> Result<()> {
-        expect_io(self, inputs.len(), sources.len())?;
-        if self.fused() {
-            let x = &inputs[0];
-            if !(1..=8).contains(&x.nb_dims) {
-                return Err(Error::invalid("x must have 1 to 8 dimensions, the last one the hidden size"));
-            }
-            let known_equal = |a: i64, b: i64| a < 0 || b < 0 || a == b;
-            let r = &inputs[1];
-            if r.nb_dims != x.nb_dims || (0..x.nb_dims as usize).any(|i| !known_equal(r.dims[i], x.dims[i])) {
-                return Err(Error::invalid("residual must have the shape of x"));
-            }
-            let hidden = x.dims[x.nb_dims as usize - 1];
-            for (name, w) in [("gamma", &inputs[2])].into_iter().chain(inputs.get(3).map(|b| ("bias", b))) {
-                if w.nb_dims != 1 || !known_equal(w.dims[0], hidden) {
-                    return Err(Error::invalid(format!("{name} must be 1-D of the hidden size (x's last dimension)")));
-                }
-            }
-        }
-        sources.fill(0);
-        Ok(())
+        self.io().output_shape_sources(inputs, sources)
     }
 
-    /// LINEAR; FP32/FP16/BF16; every tensor of the first one's type (Edge-LLM's rule, extended
-    /// to the fused op's tensors).
+    /// LINEAR; FP32/FP16/BF16; every tensor of the first one's type.
     pub fn supports_format(&self, pos: i32, in_out: &[TensorDesc], nb_inputs: i32) -> bool {
-        let Ok(pos) = usize::try_from(pos) else { return false };
-        if nb_inputs != self.nb_inputs() || in_out.len() != (self.nb_inputs() + self.nb_outputs()) as usize || pos >= in_out.len() {
-            return false;
-        }
-        let d = &in_out[pos];
-        d.format == LINEAR && DataType::from_trt(d.dtype).is_some() && (pos == 0 || d.dtype == in_out[0].dtype)
+        self.io().supports_format(pos, in_out, nb_inputs)
     }
 
     pub fn configure(&mut self, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
-        expect_io(self, inputs.len(), outputs.len())?;
+        self.io().expect(inputs.len(), outputs.len())?;
         self.preload_kernels()
     }
 
@@ -155,41 +95,8 @@ impl PluginCore {
     }
 
     pub fn on_shape_change(&mut self, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
-        self.check_run_time_io(inputs, outputs)?;
+        self.io().check_run_time_io(inputs, outputs)?;
         self.preload_kernels()
-    }
-
-    /// Validates run-time descriptors.
-    fn check_run_time_io(&self, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<Shape> {
-        expect_io(self, inputs.len(), outputs.len())?;
-        let dtype = tensor::data_type(&inputs[0])?;
-        if let Some((i, d)) = inputs.iter().chain(outputs).enumerate().find(|(_, d)| d.dtype != inputs[0].dtype) {
-            return Err(Error::invalid(format!("tensor {i} has type {}, x has {}: all must match", d.dtype, inputs[0].dtype)));
-        }
-        let count = tensor::element_count(&inputs[0])?;
-        for (i, out) in outputs.iter().enumerate() {
-            if !same_dims(out, &inputs[0]) {
-                return Err(Error::invalid(format!("output {i} must have the input's shape")));
-            }
-        }
-        if !self.fused() {
-            return Ok(Shape { count, dtype, rows: None });
-        }
-        let x = &inputs[0];
-        if x.nb_dims < 1 {
-            return Err(Error::invalid("x must have at least one dimension (the hidden size)"));
-        }
-        let hidden = x.dims[x.nb_dims as usize - 1];
-        let hidden = u32::try_from(hidden).ok().filter(|&h| h > 0).ok_or_else(|| Error::invalid(format!("invalid hidden size {hidden}")))?;
-        if !same_dims(&inputs[1], x) {
-            return Err(Error::invalid("residual must have the shape of x"));
-        }
-        for (name, w) in [("gamma", &inputs[2])].into_iter().chain(inputs.get(3).map(|b| ("bias", b))) {
-            if tensor::element_count(w)? != hidden as usize {
-                return Err(Error::invalid(format!("{name} must hold {hidden} elements (the hidden size)")));
-            }
-        }
-        Ok(Shape { count, dtype, rows: Some(((count / hidden as usize) as u64, hidden)) })
     }
 
     /// Enqueues the all-reduce (or the fused op) on `stream`. Never synchronizes or allocates.
@@ -201,43 +108,44 @@ impl PluginCore {
         output_ptrs: &[usize],
         stream: usize,
     ) -> Result<()> {
-        let shape = self.check_run_time_io(inputs, outputs)?;
-        expect_io(self, input_ptrs.len(), output_ptrs.len())?;
+        let shape = self.io().check_run_time_io(inputs, outputs)?;
+        self.io().expect(input_ptrs.len(), output_ptrs.len())?;
         if shape.count == 0 {
             return Ok(());
         }
         if input_ptrs.iter().chain(output_ptrs).any(|&p| p == 0) {
-            return Err(Error::invalid(format!("null tensor address (inputs {input_ptrs:x?}, outputs {output_ptrs:x?})")));
+            return Err(Error::NullTensor { inputs: input_ptrs.to_vec(), outputs: output_ptrs.to_vec() });
         }
+        let (ptr, stream) = (|p: usize| DevicePtr(p as u64), Stream(stream));
         match shape.rows {
-            None => self.enqueue_all_reduce(shape, input_ptrs[0], output_ptrs[0], stream),
+            None => self.enqueue_all_reduce(shape, ptr(input_ptrs[0]), ptr(output_ptrs[0]), stream),
             Some((tokens, hidden)) => {
                 let call = FusedCall {
-                    x: input_ptrs[0],
-                    residual: input_ptrs[1],
-                    gamma: input_ptrs[2],
-                    bias: input_ptrs.get(3).copied().unwrap_or(0),
-                    normed: output_ptrs[0],
-                    residual_out: output_ptrs[1],
+                    x: ptr(input_ptrs[0]),
+                    residual: ptr(input_ptrs[1]),
+                    gamma: ptr(input_ptrs[2]),
+                    bias: ptr(input_ptrs.get(3).copied().unwrap_or(0)),
+                    normed: ptr(output_ptrs[0]),
+                    residual_out: ptr(output_ptrs[1]),
                     tokens,
                     hidden,
                     eps: self.config.eps,
                 };
                 if input_ptrs.iter().chain(output_ptrs).any(|&p| p % 16 != 0) {
-                    return Err(Error::invalid("the fused residual + RMSNorm all-reduce needs 16-byte aligned tensors"));
+                    return Err(Error::Unaligned);
                 }
                 self.enqueue_fused(shape, &call, stream)
             }
         }
     }
 
-    fn enqueue_all_reduce(&self, shape: Shape, input: usize, output: usize, stream: usize) -> Result<()> {
+    fn enqueue_all_reduce(&self, shape: Shape, input: DevicePtr, output: DevicePtr, stream: Stream) -> Result<()> {
         let Shape { count, dtype, .. } = shape;
         if self.config.tp_size <= 1 {
             // SAFETY: TensorRT hands enqueue device buffers of the described sizes on `stream`.
             return if input == output { Ok(()) } else { unsafe { cuda::copy_async(output, input, count * dtype.size(), stream) } };
         }
-        let (_, registration, group, decision) = self.decide(shape, (input | output).is_multiple_of(16), stream)?;
+        let (_, registration, group, decision) = self.decide(shape, (input.0 | output.0).is_multiple_of(16), stream)?;
         match (decision.path, group) {
             // SAFETY: every rank of the group takes this same path for this call (the choice is a
             // function of what they share); the buffers are TensorRT's, aligned as checked.
@@ -252,7 +160,7 @@ impl PluginCore {
 
     /// The fused op: a fused kernel family, or a plain all-reduce (custom or NCCL) of x into
     /// `normed` followed by one residual + bias + RMSNorm kernel; one rank: that kernel alone.
-    fn enqueue_fused(&self, shape: Shape, call: &FusedCall, stream: usize) -> Result<()> {
+    fn enqueue_fused(&self, shape: Shape, call: &FusedCall, stream: Stream) -> Result<()> {
         let dtype = shape.dtype;
         if self.config.tp_size <= 1 {
             let kernels = kernels::for_device(cuda::current_device()?)?;
@@ -290,20 +198,20 @@ impl PluginCore {
         &self,
         shape: Shape,
         aligned: bool,
-        stream: usize,
-    ) -> Result<(i32, registry::Registration, Option<(std::sync::Arc<workspace::Group>, i32)>, strategy::Decision)> {
+        stream: Stream,
+    ) -> Result<(i32, registry::Registration, Option<(Arc<Group>, i32)>, strategy::Decision)> {
         let requested = strategy::requested(&self.config);
         let device = cuda::current_device()?;
         let registration =
             registry::get(device).ok_or(Error::NotRegistered { device, tp_size: self.config.tp_size })?;
-        let group = workspace::group_for(device);
+        let group = groups::group_for(device);
         let call = Call {
             tp_size: self.config.tp_size,
             dtype: shape.dtype,
-            message: workspace::Message { bytes: (shape.count * shape.dtype.size()) as u64, rows: shape.rows },
+            message: Message { bytes: (shape.count * shape.dtype.size()) as u64, rows: shape.rows },
             aligned,
         };
-        let decision = strategy::choose(requested, &call, group.as_ref().map(|(g, _)| &**g as &dyn strategy::Capability));
+        let decision = strategy::choose(requested, &call, group.as_ref().map(|(g, _)| &**g as &dyn crate::launch::Fits));
         if let Some(reason) = decision.fallback {
             report_fallback(device, requested, reason, stream);
         }
@@ -317,7 +225,7 @@ impl PluginCore {
 
 /// Logs each kind of fallback once per process: a warning when a strategy was forced, an info
 /// line under AUTO (plus one when a CUDA graph captures the NCCL path because no workspace exists).
-fn report_fallback(device: i32, requested: strategy::Requested, reason: Fallback, stream: usize) {
+fn report_fallback(device: i32, requested: strategy::Requested, reason: Fallback, stream: Stream) {
     static LOGGED: AtomicU32 = AtomicU32::new(0);
     let forced = requested != strategy::Requested::Auto;
     let bit = 1u32 << (reason as u32 * 2 + forced as u32);
@@ -338,48 +246,12 @@ fn report_fallback(device: i32, requested: strategy::Requested, reason: Fallback
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::tensor::desc;
 
-    fn plugin(tp: i32) -> PluginCore {
+    pub(crate) fn plugin(tp: i32) -> PluginCore {
         PluginCore::new(PluginConfig::with_tp_size(tp).unwrap()).unwrap()
-    }
-
-    #[test]
-    fn one_output_of_the_input_type() {
-        let p = plugin(2);
-        assert_eq!(p.nb_outputs(), 1);
-        for t in [0, 1, 7] {
-            let mut out = [-1];
-            p.output_types(&[t], &mut out).unwrap();
-            assert_eq!(out, [t]);
-        }
-        let mut out = [-1];
-        assert!(p.output_types(&[3], &mut out).is_err(), "INT32 is not reduced");
-        assert!(p.output_types(&[1, 1], &mut out).is_err(), "two inputs");
-        assert!(p.output_shape_sources(&[desc(&[4], 1)], &mut [0, 0]).is_err(), "two outputs");
-        assert!(p.output_types(&[1], &mut [0, 0]).is_err(), "two outputs");
-        let mut src = [-1];
-        p.output_shape_sources(&[desc(&[-1, 4096], 1)], &mut src).unwrap();
-        assert_eq!(src, [0]);
-    }
-
-    #[test]
-    fn formats_follow_edge_llm() {
-        let p = plugin(2);
-        let half = desc(&[1, 4096], 1);
-        let float = desc(&[1, 4096], 0);
-        assert!(p.supports_format(0, &[half, half], 1));
-        assert!(p.supports_format(1, &[half, half], 1));
-        assert!(!p.supports_format(1, &[half, float], 1), "output type must equal input type");
-        assert!(!p.supports_format(2, &[half, half], 1));
-        assert!(!p.supports_format(-1, &[half, half], 1));
-        assert!(!p.supports_format(0, &[half, half, half], 2));
-        let mut chw = half;
-        chw.format = 1;
-        assert!(!p.supports_format(0, &[chw, half], 1), "LINEAR only");
-        assert!(!p.supports_format(0, &[desc(&[4], 2), half], 1), "INT8 is not supported");
     }
 
     #[test]
@@ -407,39 +279,11 @@ mod tests {
         plugin(1).enqueue(&[a], &[a], &[0x10], &[0x10], 0).unwrap();
     }
 
-    fn fused(tp: i32, bias: bool) -> PluginCore {
+    pub(crate) fn fused(tp: i32, bias: bool) -> PluginCore {
         let mut c = PluginConfig::with_tp_size(tp).unwrap();
         c.fusion_op = crate::fields::FusionOp::ResidualRmsNorm;
         c.has_bias = bias;
         PluginCore::new(c).unwrap()
-    }
-
-    #[test]
-    fn fused_interface_counts_types_and_formats() {
-        for (bias, nb_in) in [(false, 3), (true, 4)] {
-            let p = fused(2, bias);
-            assert_eq!((p.nb_inputs(), p.nb_outputs()), (nb_in, 2));
-            let mut out = [-1, -1];
-            p.output_types(&vec![7; nb_in as usize], &mut out).unwrap();
-            assert_eq!(out, [7, 7]);
-            let mut types = vec![7; nb_in as usize];
-            types[2] = 1;
-            assert!(p.output_types(&types, &mut out).is_err(), "gamma of another type");
-            assert!(p.output_types(&[7], &mut [0]).is_err(), "the plain interface is refused");
-            let t = desc(&[4, 4096], 7);
-            let mut io = vec![t; nb_in as usize + 2];
-            for pos in 0..io.len() as i32 {
-                assert!(p.supports_format(pos, &io, nb_in), "pos {pos}");
-            }
-            io[nb_in as usize + 1].dtype = 1;
-            assert!(!p.supports_format(nb_in + 1, &io, nb_in), "residual_out of another type");
-            assert!(!p.supports_format(0, &io[..2], 1));
-        }
-        let mut c = PluginConfig::with_tp_size(2).unwrap();
-        c.has_bias = true;
-        assert!(PluginCore::new(c.clone()).is_err(), "has_bias without fusion");
-        c.config = crate::fields::config_bits::RESIDUAL_RMS_NORM;
-        assert_eq!(PluginCore::new(c).unwrap().nb_inputs(), 4, "the seed's config bit also fuses");
     }
 
     #[test]

@@ -8,11 +8,21 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
-/// What the runtime registered for one device. Both are opaque addresses owned by the runtime.
+/// An `ncclComm_t` the runtime registered: opaque, owned by the runtime.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Comm(pub usize);
+
+impl Comm {
+    /// The handle NCCL's functions take.
+    pub(crate) fn raw(self) -> *mut std::ffi::c_void {
+        self.0 as *mut std::ffi::c_void
+    }
+}
+
+/// What the runtime registered for one device. Both are opaque and owned by the runtime.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Registration {
-    /// `ncclComm_t`.
-    pub comm: usize,
+    pub comm: Comm,
     /// `ncclAllReduce` of the NCCL library the runtime loaded.
     pub all_reduce: usize,
 }
@@ -27,40 +37,35 @@ fn lock() -> MutexGuard<'static, Option<HashMap<i32, Registration>>> {
     REGISTRY.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-pub fn register(device: i32, comm: usize, all_reduce: usize) -> Result<()> {
+pub fn register(device: i32, comm: Comm, all_reduce: usize) -> Result<()> {
     if device < 0 {
-        return Err(Error::invalid(format!("cannot register a communicator for negative CUDA device id {device}")));
+        return Err(Error::NegativeDevice(device));
     }
-    if comm == 0 || all_reduce == 0 {
-        return Err(Error::invalid(format!(
-            "cannot register device {device}: ncclComm ({comm:#x}) and ncclAllReduce ({all_reduce:#x}) must both be non-null"
-        )));
+    if comm.0 == 0 || all_reduce == 0 {
+        return Err(Error::NullRegistration { device, comm: comm.0, all_reduce });
     }
     let previous = lock().get_or_insert_with(HashMap::new).insert(device, Registration { comm, all_reduce });
     LAST_ALL_REDUCE.store(all_reduce, Ordering::Release);
     if let Some(p) = previous.filter(|p| p.comm != comm) {
-        crate::log::info(&format!("device {device}: communicator {:#x} replaces {:#x}", comm, p.comm));
+        crate::log::info(&format!("device {device}: communicator {:#x} replaces {:#x}", comm.0, p.comm.0));
     }
     Ok(())
 }
 
 /// Removes the registration of `device` if, and only if, it holds exactly `comm`.
-pub fn unregister(device: i32, comm: usize) -> Result<()> {
+pub fn unregister(device: i32, comm: Comm) -> Result<()> {
     let mut guard = lock();
     let map = guard.get_or_insert_with(HashMap::new);
     match map.get(&device) {
-        Some(r) if r.comm == comm && comm != 0 => {
+        Some(r) if r.comm == comm && comm.0 != 0 => {
             map.remove(&device);
             if map.is_empty() {
                 LAST_ALL_REDUCE.store(0, Ordering::Release);
             }
             Ok(())
         }
-        Some(r) => Err(Error::invalid(format!(
-            "cannot unregister device {device}: communicator {comm:#x} is not the registered one ({:#x})",
-            r.comm
-        ))),
-        None => Err(Error::invalid(format!("cannot unregister device {device}: nothing is registered for it"))),
+        Some(r) => Err(Error::OtherCommunicator { device, comm: comm.0, registered: r.comm.0 }),
+        None => Err(Error::NothingRegistered(device)),
     }
 }
 
@@ -91,24 +96,24 @@ mod tests {
     #[test]
     fn register_get_replace_unregister() {
         let _serial = test_lock();
-        register(40, 0x1000, 0x2000).unwrap();
-        assert_eq!(get(40), Some(Registration { comm: 0x1000, all_reduce: 0x2000 }));
+        register(40, Comm(0x1000), 0x2000).unwrap();
+        assert_eq!(get(40), Some(Registration { comm: Comm(0x1000), all_reduce: 0x2000 }));
         assert_eq!(last_all_reduce(), 0x2000);
-        register(40, 0x1100, 0x2000).unwrap();
-        assert_eq!(get(40).unwrap().comm, 0x1100);
-        assert!(unregister(40, 0x1000).is_err(), "only the registered communicator unregisters");
-        assert_eq!(get(40).unwrap().comm, 0x1100);
-        unregister(40, 0x1100).unwrap();
+        register(40, Comm(0x1100), 0x2000).unwrap();
+        assert_eq!(get(40).unwrap().comm, Comm(0x1100));
+        assert!(unregister(40, Comm(0x1000)).is_err(), "only the registered communicator unregisters");
+        assert_eq!(get(40).unwrap().comm, Comm(0x1100));
+        unregister(40, Comm(0x1100)).unwrap();
         assert_eq!(get(40), None);
-        assert!(unregister(40, 0x1100).is_err(), "a second unregister fails");
+        assert!(unregister(40, Comm(0x1100)).is_err(), "a second unregister fails");
     }
 
     #[test]
     fn bad_registrations_are_rejected() {
         let _serial = test_lock();
-        assert!(register(-1, 0x1000, 0x2000).is_err());
-        assert!(register(41, 0, 0x2000).is_err());
-        assert!(register(41, 0x1000, 0).is_err());
+        assert!(register(-1, Comm(0x1000), 0x2000).is_err());
+        assert!(register(41, Comm(0), 0x2000).is_err());
+        assert!(register(41, Comm(0x1000), 0).is_err());
         assert_eq!(get(41), None);
         assert_eq!(get(-1), None);
     }
@@ -116,13 +121,13 @@ mod tests {
     #[test]
     fn registrations_are_per_device() {
         let _serial = test_lock();
-        register(42, 0xa, 0xf).unwrap();
-        register(43, 0xb, 0xf).unwrap();
-        assert_eq!(get(42).unwrap().comm, 0xa);
-        assert_eq!(get(43).unwrap().comm, 0xb);
-        unregister(42, 0xa).unwrap();
-        assert_eq!(get(43).unwrap().comm, 0xb);
-        unregister(43, 0xb).unwrap();
+        register(42, Comm(0xa), 0xf).unwrap();
+        register(43, Comm(0xb), 0xf).unwrap();
+        assert_eq!(get(42).unwrap().comm, Comm(0xa));
+        assert_eq!(get(43).unwrap().comm, Comm(0xb));
+        unregister(42, Comm(0xa)).unwrap();
+        assert_eq!(get(43).unwrap().comm, Comm(0xb));
+        unregister(43, Comm(0xb)).unwrap();
     }
 
     #[test]
@@ -133,15 +138,15 @@ mod tests {
                 std::thread::spawn(move || {
                     for i in 0..200 {
                         let dev = 100 + t;
-                        register(dev, 0x1000 + i, 0x2000).unwrap();
-                        assert_eq!(get(dev).unwrap().comm, 0x1000 + i);
+                        register(dev, Comm(0x1000 + i), 0x2000).unwrap();
+                        assert_eq!(get(dev).unwrap().comm, Comm(0x1000 + i));
                     }
                 })
             })
             .collect();
         threads.into_iter().for_each(|t| t.join().unwrap());
         for t in 0..8 {
-            unregister(100 + t, 0x1000 + 199).unwrap();
+            unregister(100 + t, Comm(0x1000 + 199)).unwrap();
         }
     }
 }

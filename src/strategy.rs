@@ -9,50 +9,15 @@
 //! call (message over its workspace, unaligned tensors, no group) falls back to the next larger
 //! family, then to NCCL. A forced strategy that cannot run falls back to NCCL.
 
+pub use crate::config::Requested;
+use crate::family::Family;
 use crate::fields::{PluginConfig, Strategy};
-use crate::kernels::Family;
+use crate::launch::{Fits, Message};
 use crate::tensor::DataType;
-pub use crate::workspace::Message;
-use std::sync::OnceLock;
 
-/// A strategy as asked for: the plugin's `strategy` field, or `EDGELLM_ALLREDUCE_STRATEGY`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Requested {
-    Nccl,
-    OneShot,
-    TwoShot,
-    /// Only through the environment: the seed's enum has no value for it.
-    Lamport,
-    Auto,
-}
-
-/// `EDGELLM_ALLREDUCE_STRATEGY` (NCCL, ONESHOT, TWOSHOT, LAMPORT, AUTO; any case), read once.
-/// It overrides every plugin's field; NCCL also keeps workspaces from being allocated.
-pub fn env_override() -> Option<Requested> {
-    static VALUE: OnceLock<Option<Requested>> = OnceLock::new();
-    *VALUE.get_or_init(|| {
-        let v = std::env::var("EDGELLM_ALLREDUCE_STRATEGY").ok()?;
-        let parsed = parse_requested(&v);
-        if parsed.is_none() {
-            crate::log::warning(&format!("EDGELLM_ALLREDUCE_STRATEGY={v} is not one of NCCL, ONESHOT, TWOSHOT, LAMPORT, AUTO: ignored"));
-        }
-        parsed
-    })
-}
-
-fn parse_requested(v: &str) -> Option<Requested> {
-    match v.trim().to_ascii_uppercase().as_str() {
-        "NCCL" => Some(Requested::Nccl),
-        "ONESHOT" => Some(Requested::OneShot),
-        "TWOSHOT" => Some(Requested::TwoShot),
-        "LAMPORT" => Some(Requested::Lamport),
-        "AUTO" => Some(Requested::Auto),
-        _ => None,
-    }
-}
-
+/// The strategy a plugin runs: `EDGELLM_ALLREDUCE_STRATEGY` if set, else its `strategy` field.
 pub fn requested(config: &PluginConfig) -> Requested {
-    env_override().unwrap_or(match config.strategy {
+    crate::config().strategy.unwrap_or(match config.strategy {
         Strategy::Nccl => Requested::Nccl,
         Strategy::OneShot => Requested::OneShot,
         Strategy::TwoShot => Requested::TwoShot,
@@ -68,9 +33,9 @@ pub type RankTable<T> = &'static [(i32, &'static [(u64, T)])];
 /// (first entry whose bound is >= the bytes); `None` is NCCL.
 ///
 /// 2 ranks: measured on 2 x H200 (NV18), bf16, graph replay, 128 CTAs (docs/PERFORMANCE.md,
-/// docs/runs/2026-11-29-2xh200-pipelined-real_g20.txt): Lamport is the fastest family up to
-/// its 2 MiB cap, two-shot from there to 64 MiB (14.8 and 27.6 us at 4 and 8 MiB against
-/// one-shot's 17.4 and 31.1, 52.9 at 16 MiB against 62.4 and NCCL's 75.8), NCCL above (the
+/// docs/runs/2026-11-30-2xh200-s2-final-real_g20.txt): Lamport is the fastest family up to
+/// its 2 MiB cap, two-shot from there to 64 MiB (14.9 and 27.6 us at 4 and 8 MiB against
+/// one-shot's 17.3 and 31.1, 52.3 at 16 MiB against 62.4 and NCCL's 76.7), NCCL above (the
 /// workspace rarely goes past 64 MiB). 4 and more ranks: provisional, from the one-GPU
 /// simulation (Lamport best up to 256 KiB at 4 ranks, 32-64 KiB at 8;
 /// docs/runs/2026-11-29-h200-final-sim48-crossovers_g20.txt) and published crossovers (vLLM:
@@ -156,21 +121,6 @@ fn auto_choice(nranks: i32, message: &Message) -> FusedChoice {
     }
 }
 
-/// What the custom kernels can do for this call (implemented by `workspace::Group`).
-pub trait Capability {
-    fn nranks(&self) -> i32;
-    fn serves(&self, family: Family, dtype: DataType, message: &Message) -> bool;
-}
-
-impl Capability for crate::workspace::Group {
-    fn nranks(&self) -> i32 {
-        self.nranks
-    }
-    fn serves(&self, family: Family, dtype: DataType, message: &Message) -> bool {
-        self.serves_message(family, dtype, message)
-    }
-}
-
 /// One all-reduce call as every rank sees it.
 #[derive(Clone, Copy, Debug)]
 pub struct Call {
@@ -224,7 +174,8 @@ pub struct Decision {
     pub requested: Requested,
 }
 
-pub fn choose(requested: Requested, call: &Call, group: Option<&dyn Capability>) -> Decision {
+/// The path of `call` on a device whose group (if any) is `group`.
+pub fn choose(requested: Requested, call: &Call, group: Option<&dyn Fits>) -> Decision {
     let decide = |path, fallback| Decision { path, fallback, requested };
     if call.tp_size <= 1 {
         return decide(Path::Copy, None);
@@ -269,7 +220,7 @@ mod tests {
         nranks: i32,
         max_bytes: u64,
     }
-    impl Capability for Fake {
+    impl Fits for Fake {
         fn nranks(&self) -> i32 {
             self.nranks
         }
@@ -355,13 +306,5 @@ mod tests {
             assert_eq!(decision.fallback, Some(reason));
         }
         assert_eq!(choose(Requested::Nccl, &call(2, 1024), Some(&GROUP2)).path, Path::Nccl);
-    }
-
-    #[test]
-    fn strategy_names_parse() {
-        assert_eq!(parse_requested("oneshot"), Some(Requested::OneShot));
-        assert_eq!(parse_requested(" NCCL "), Some(Requested::Nccl));
-        assert_eq!(parse_requested("lamport"), Some(Requested::Lamport));
-        assert_eq!(parse_requested("fast"), None);
     }
 }

@@ -34,22 +34,20 @@ pub const LINEAR: i32 = 0;
 pub const MAX_DIMS: usize = 8;
 
 pub fn data_type(desc: &TensorDesc) -> Result<DataType> {
-    DataType::from_trt(desc.dtype).ok_or_else(|| {
-        Error::invalid(format!("unsupported tensor type {} (supported: kFLOAT=0, kHALF=1, kBF16=7)", desc.dtype))
-    })
+    DataType::from_trt(desc.dtype).ok_or(Error::UnsupportedType(desc.dtype))
 }
 
 /// Number of elements of a run-time tensor; every dimension must be known and non-negative.
 pub fn element_count(desc: &TensorDesc) -> Result<usize> {
     let rank = usize::try_from(desc.nb_dims).ok().filter(|&r| r <= MAX_DIMS);
     let Some(rank) = rank else {
-        return Err(Error::invalid(format!("tensor has an invalid number of dimensions {}", desc.nb_dims)));
+        return Err(Error::shape(format!("tensor has an invalid number of dimensions {}", desc.nb_dims)));
     };
     desc.dims[..rank].iter().try_fold(1usize, |n, &d| {
         usize::try_from(d)
             .ok()
             .and_then(|d| n.checked_mul(d))
-            .ok_or_else(|| Error::invalid(format!("tensor has an invalid shape {:?}", &desc.dims[..rank])))
+            .ok_or_else(|| Error::shape(format!("tensor has an invalid shape {:?}", &desc.dims[..rank])))
     })
 }
 

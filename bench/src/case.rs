@@ -1,7 +1,6 @@
 //! What one benchmark row measures.
 
-use edgellm_allreduce::kernels::Family;
-use edgellm_allreduce::tensor::DataType;
+use edgellm_allreduce::{DataType, Family};
 
 /// One strategy row of a sweep. A plain row is one all-reduce of `bytes` per call; a fused row
 /// is one all-reduce + residual (+ bias) + RMSNorm of a `tokens × hidden` [`Shape`] per call
@@ -224,20 +223,20 @@ pub fn shapes(dims: &[(u64, u32)], bias: BiasMode) -> Vec<Shape> {
 }
 
 /// The plain all-reduce call AUTO decides on (aligned buffers: the benchmark's are).
-pub fn plain_call(tp_size: i32, dtype: DataType, bytes: u64) -> edgellm_allreduce::strategy::Call {
-    let message = edgellm_allreduce::workspace::Message { bytes, rows: None };
-    edgellm_allreduce::strategy::Call { tp_size, dtype, message, aligned: true }
+pub fn plain_call(tp_size: i32, dtype: DataType, bytes: u64) -> edgellm_allreduce::Call {
+    let message = edgellm_allreduce::Message { bytes, rows: None };
+    edgellm_allreduce::Call { tp_size, dtype, message, aligned: true }
 }
 
 /// The fused call AUTO decides on.
-pub fn fused_call(tp_size: i32, dtype: DataType, shape: &Shape) -> edgellm_allreduce::strategy::Call {
-    let message = edgellm_allreduce::workspace::Message { bytes: shape.bytes(dtype), rows: Some((shape.tokens, shape.hidden)) };
-    edgellm_allreduce::strategy::Call { tp_size, dtype, message, aligned: true }
+pub fn fused_call(tp_size: i32, dtype: DataType, shape: &Shape) -> edgellm_allreduce::Call {
+    let message = edgellm_allreduce::Message { bytes: shape.bytes(dtype), rows: Some((shape.tokens, shape.hidden)) };
+    edgellm_allreduce::Call { tp_size, dtype, message, aligned: true }
 }
 
 /// Short name of a path actually taken (the `path` column, and the tag of AUTO/plugin cells).
-pub fn path_name(path: edgellm_allreduce::strategy::Path) -> &'static str {
-    use edgellm_allreduce::strategy::Path;
+pub fn path_name(path: edgellm_allreduce::Path) -> &'static str {
+    use edgellm_allreduce::Path;
     match path {
         Path::Copy => "copy",
         Path::Nccl => "nccl",

@@ -3,7 +3,7 @@
 //! rank's output is bit-identical and within the type's tolerance of the reference (relative
 //! L2 error), with no unwritten (poisoned: NaN) or non-finite element.
 
-use edgellm_allreduce::tensor::DataType;
+use edgellm_allreduce::DataType;
 
 pub fn dtype_name(dtype: DataType) -> &'static str {
     match dtype {

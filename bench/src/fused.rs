@@ -9,14 +9,12 @@ use crate::case::{Case, Shape};
 use crate::data::{self, OutputCheck, SharedInputs};
 use crate::gpu::{memset_async, DevBuf, Res};
 use cudarc::driver::{CudaContext, CudaStream};
-use edgellm_allreduce::kernels::{DeviceKernels, Family};
-use edgellm_allreduce::tensor::DataType;
-use edgellm_allreduce::workspace::{FusedCall, Group};
+use edgellm_allreduce::{DataType, DeviceKernels, DevicePtr, Family, FusedCall, Group, Stream};
 use std::sync::Arc;
 
 /// The RMSNorm epsilon of every fused row: the fused plugin's default (its `eps` field).
 pub fn eps() -> f32 {
-    edgellm_allreduce::fields::PluginConfig::with_tp_size(2).map_or(1e-6, |c| c.eps)
+    edgellm_allreduce::PluginConfig::with_tp_size(2).map_or(1e-6, |c| c.eps)
 }
 
 /// What one fused row runs on each rank.
@@ -81,12 +79,12 @@ impl FusedBufs {
     /// The call's tensors (the norm alone reads its x from the address given at launch).
     pub fn call(&self, shape: &Shape, eps: f32) -> FusedCall {
         FusedCall {
-            x: self.x.ptr as usize,
-            residual: self.residual.ptr as usize,
-            bias: if shape.bias { self.bias.ptr as usize } else { 0 },
-            gamma: self.gamma.ptr as usize,
-            residual_out: self.residual_out.ptr as usize,
-            normed: self.normed.ptr as usize,
+            x: DevicePtr(self.x.ptr),
+            residual: DevicePtr(self.residual.ptr),
+            bias: if shape.bias { DevicePtr(self.bias.ptr) } else { DevicePtr::NULL },
+            gamma: DevicePtr(self.gamma.ptr),
+            residual_out: DevicePtr(self.residual_out.ptr),
+            normed: DevicePtr(self.normed.ptr),
             tokens: shape.tokens,
             hidden: shape.hidden,
             eps,
@@ -135,10 +133,11 @@ pub unsafe fn enqueue_custom(
     stream: usize,
 ) -> Res<()> {
     let call = bufs.call(shape, eps);
+    let stream = Stream(stream);
     match op {
         FusedOp::Fused(f) => group.launch_fused(rank as i32, f, dtype, &call, stream).map_err(|e| format!("launch_fused of rank {rank}: {e}")),
         FusedOp::ArThenNorm(f) => {
-            let tmp = bufs.tmp.ptr as usize;
+            let tmp = DevicePtr(bufs.tmp.ptr);
             group.launch(rank as i32, f, dtype, call.x, tmp, shape.count(), stream).map_err(|e| format!("launch of rank {rank}: {e}"))?;
             call.launch_norm(kernels, dtype, tmp, stream).map_err(|e| format!("launch_norm of rank {rank}: {e}"))
         }

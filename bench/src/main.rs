@@ -16,7 +16,7 @@ mod stats;
 
 use case::{BiasMode, Case, Mode, Shape, Suite};
 use clap::{Args, Parser, Subcommand};
-use edgellm_allreduce::tensor::DataType;
+use edgellm_allreduce::DataType;
 use measure::{Settings, Sink};
 use record::Status;
 use std::path::{Path, PathBuf};
@@ -196,7 +196,7 @@ fn main() {
 }
 
 fn read_csv(path: &Path) -> Option<Vec<record::Record>> {
-    let parsed = std::fs::read_to_string(path).map_err(|e| e.to_string()).and_then(|t| record::parse_csv(&t));
+    let parsed = std::fs::read_to_string(path).map_err(anyhow::Error::from).and_then(|t| record::parse_csv(&t));
     parsed.map_err(|e| eprintln!("error: {}: {e}", path.display())).ok()
 }
 
@@ -313,8 +313,8 @@ fn run(a: RunArgs) -> i32 {
         vec![gpus]
     };
     if a.mode == Mode::Sim {
-        if let Some(bad) = ranks.iter().find(|n| !edgellm_allreduce::kernels::RANK_COUNTS.contains(n)) {
-            eprintln!("error: --ranks {bad}: the kernels exist for {:?} ranks", edgellm_allreduce::kernels::RANK_COUNTS);
+        if let Some(bad) = ranks.iter().find(|n| !edgellm_allreduce::RANK_COUNTS.contains(n)) {
+            eprintln!("error: --ranks {bad}: the kernels exist for {:?} ranks", edgellm_allreduce::RANK_COUNTS);
             return 2;
         }
         if a.device < 0 || a.device >= gpus {

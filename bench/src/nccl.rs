@@ -3,7 +3,7 @@
 //! is never unloaded (its proxy threads outlive any point where that would be safe).
 
 use crate::gpu::Res;
-use edgellm_allreduce::tensor::DataType;
+use edgellm_allreduce::DataType;
 use libloading::Library;
 use std::ffi::{c_char, c_int, c_void, CStr};
 
@@ -95,7 +95,7 @@ impl Nccl {
             input as *const c_void,
             output as *mut c_void,
             count,
-            edgellm_allreduce::nccl::dtype_code(dtype),
+            edgellm_allreduce::nccl_dtype_code(dtype),
             0,
             comm as *mut c_void,
             stream as *mut c_void,

@@ -18,13 +18,7 @@ use crate::record::{Record, Status};
 use crate::stats::fmt_bytes;
 use crate::Plan;
 use cudarc::driver::{CudaContext, CudaStream};
-use edgellm_allreduce::fields::{FusionOp, PluginConfig};
-use edgellm_allreduce::kernels::{DeviceKernels, Family};
-use edgellm_allreduce::plugin::PluginCore;
-use edgellm_allreduce::strategy::{self, Capability, Path, Requested};
-use edgellm_allreduce::tensor::DataType;
-use edgellm_allreduce::workspace::{self, Group};
-use edgellm_allreduce::{abi, TensorDesc};
+use edgellm_allreduce::{self as ear, abi, DataType, DeviceKernels, DevicePtr, Family, Fits, FusionOp, Group, Path, PluginConfig, PluginCore, Requested, Stream, TensorDesc};
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex, RwLock};
 
@@ -59,8 +53,8 @@ struct Shared<'a> {
 }
 
 impl Shared<'_> {
-    fn capability(&self) -> Option<&dyn Capability> {
-        self.group.as_ref().ok().map(|g| g as &dyn Capability)
+    fn capability(&self) -> Option<&dyn Fits> {
+        self.group.as_ref().ok().map(|g| g as &dyn Fits)
     }
 
     /// What a row runs at this size (and the path it takes), or why it cannot run.
@@ -74,10 +68,10 @@ impl Shared<'_> {
             Case::Nccl => nccl(),
             Case::Custom(f) => match &self.group {
                 Err(e) => Err(e.clone()),
-                Ok(g) if g.serves(f, dtype, bytes) => Ok((Launch::Custom(f), case.name())),
+                Ok(g) if g.serves_bytes(f, dtype, bytes) => Ok((Launch::Custom(f), case.name())),
                 Ok(g) => Err(format!("{} serves up to {} with this workspace", case.name(), fmt_bytes(f.max_bytes(g.max_bytes)))),
             },
-            Case::Auto => match strategy::choose(Requested::Auto, &call, self.capability()).path {
+            Case::Auto => match ear::choose(Requested::Auto, &call, self.capability()).path {
                 Path::Custom(f) => Ok((Launch::Custom(f), Case::Custom(f).name())),
                 _ => nccl().map_err(|e| format!("AUTO picks NCCL here, and {e}")),
             },
@@ -90,9 +84,9 @@ impl Shared<'_> {
                 }
                 // The plugin's own decision, as its enqueue will make it on device `devices[0]`.
                 let config = PluginConfig::with_tp_size(self.nranks).map_err(|e| e.to_string())?;
-                let group = workspace::group_for(self.devices[0]);
-                let cap = group.as_ref().map(|(g, _)| &**g as &dyn Capability);
-                Ok((Launch::Plugin, path_name(strategy::choose(strategy::requested(&config), &call, cap).path)))
+                let group = ear::group_for(self.devices[0]);
+                let cap = group.as_ref().map(|(g, _)| &**g as &dyn Fits);
+                Ok((Launch::Plugin, path_name(ear::choose(ear::requested(&config), &call, cap).path)))
             }
             _ => Err("a fused row".into()),
         }
@@ -109,15 +103,15 @@ impl Shared<'_> {
         match case {
             Case::Fused(f) => match &self.group {
                 Err(e) => Err(e.clone()),
-                Ok(g) if g.serves_message(f, dtype, &call.message) => op(FusedOp::Fused(f)),
+                Ok(g) if g.serves(f, dtype, &call.message) => op(FusedOp::Fused(f)),
                 Ok(g) => Err(format!("{} does not take {} rows of {} with this workspace ({})", case.name(), shape.tokens, shape.hidden, fmt_bytes(f.max_bytes(g.max_bytes)))),
             },
-            Case::FusedAuto => match strategy::choose(Requested::Auto, &call, self.capability()).path {
+            Case::FusedAuto => match ear::choose(Requested::Auto, &call, self.capability()).path {
                 Path::Custom(f) => op(FusedOp::Fused(f)),
                 Path::Split(f) => op(FusedOp::ArThenNorm(f)),
                 _ => nccl_norm("AUTO picks NCCL then the norm kernel here, and "),
             },
-            Case::ArThenNorm => match strategy::choose(Requested::Auto, &plain_call(self.nranks, dtype, call.message.bytes), self.capability()).path {
+            Case::ArThenNorm => match ear::choose(Requested::Auto, &plain_call(self.nranks, dtype, call.message.bytes), self.capability()).path {
                 Path::Custom(f) => op(FusedOp::ArThenNorm(f)),
                 _ => Err("AUTO picks NCCL for the plain all-reduce of this size (that is the nccl_then_norm row)".into()),
             },
@@ -131,9 +125,9 @@ impl Shared<'_> {
                 }
                 // The fused plugin's own decision, as its enqueue will make it on `devices[0]`.
                 let config = fused_config(self.nranks, shape.bias).map_err(|e| e.to_string())?;
-                let group = workspace::group_for(self.devices[0]);
-                let cap = group.as_ref().map(|(g, _)| &**g as &dyn Capability);
-                Ok((FusedOp::Plugin, path_name(strategy::choose(strategy::requested(&config), &call, cap).path)))
+                let group = ear::group_for(self.devices[0]);
+                let cap = group.as_ref().map(|(g, _)| &**g as &dyn Fits);
+                Ok((FusedOp::Plugin, path_name(ear::choose(ear::requested(&config), &call, cap).path)))
             }
             _ => Err("not a fused row".into()),
         }
@@ -141,7 +135,7 @@ impl Shared<'_> {
 }
 
 /// A fused plugin's configuration: AUTO, fusion_op RESIDUAL_RMS_NORM, default eps.
-fn fused_config(tp_size: i32, has_bias: bool) -> edgellm_allreduce::error::Result<PluginConfig> {
+fn fused_config(tp_size: i32, has_bias: bool) -> edgellm_allreduce::Result<PluginConfig> {
     let mut c = PluginConfig::with_tp_size(tp_size)?;
     c.fusion_op = FusionOp::ResidualRmsNorm;
     c.has_bias = has_bias;
@@ -194,7 +188,7 @@ impl Runner for RealRun<'_> {
             },
             Launch::Custom(f) => unsafe {
                 let group = sh.group.as_ref().expect("planned with a group");
-                group.launch(w.rank as i32, f, self.dtype, input as usize, output as usize, self.count, stream).map_err(|e| e.to_string())
+                group.launch(w.rank as i32, f, self.dtype, DevicePtr(input), DevicePtr(output), self.count, Stream(stream)).map_err(|e| e.to_string())
             },
             Launch::Plugin => {
                 let mut dims = [0i64; 8];
@@ -245,7 +239,7 @@ impl Runner for RealFusedRun<'_> {
                 let comm = sh.comms.as_ref().expect("planned with NCCL")[w.rank];
                 let call = f.bufs.call(shape, self.eps);
                 sh.nccl.expect("planned with NCCL").all_reduce(f.bufs.x.ptr, f.bufs.normed.ptr, count, dtype, comm, stream)?;
-                call.launch_norm(&f.kernels, dtype, call.normed, stream).map_err(|e| format!("launch_norm: {e}"))
+                call.launch_norm(&f.kernels, dtype, call.normed, Stream(stream)).map_err(|e| format!("launch_norm: {e}"))
             },
             FusedOp::Plugin => {
                 let code = trt_code(dtype);
@@ -357,7 +351,7 @@ fn worker(shared: &Shared, rank: usize) -> Result<(), Fatal> {
             let plugin = |bias| fused_config(shared.nranks, bias).and_then(PluginCore::new).map_err(|e| format!("fused plugin: {e}"));
             Some(WorkerFused {
                 bufs: FusedBufs::new(ctx, max_bytes, max_row)?,
-                kernels: edgellm_allreduce::kernels::for_device(shared.devices[rank]).map_err(|e| format!("loading the kernels: {e}"))?,
+                kernels: edgellm_allreduce::device_kernels(shared.devices[rank]).map_err(|e| format!("loading the kernels: {e}"))?,
                 cores: [plugin(false)?, plugin(true)?],
             })
         };
@@ -491,7 +485,7 @@ pub fn run(plan: &Plan, nccl: Option<&Nccl>, nccl_note: &str, sink: &Mutex<Sink>
         let ctxs = devices.iter().map(|&d| gpu::context(d as usize)).collect::<Res<Vec<_>>>().map_err(Fatal)?;
         // Rounded as the library rounds EDGELLM_ALLREDUCE_WORKSPACE_BYTES (which main sets too,
         // so the plugin's group gets the same workspace).
-        let ws = plan.workspace_bytes.map_or_else(|| workspace::max_message_bytes(n), |b| b.div_ceil(16) * 16);
+        let ws = plan.workspace_bytes.map_or_else(|| ear::max_message_bytes(n), |b| b.div_ceil(16) * 16);
         let group = Group::in_process(&devices, ws).map_err(|e| format!("no custom group: {e}"));
         let comms = match nccl {
             Some(nccl) => nccl.init_all(&devices),

@@ -3,18 +3,22 @@
 //! by the `plot` and `table` subcommands) and the text table.
 
 use crate::stats::{busbw_gbps, fmt_bytes, simbw_gbps};
+use serde::{Deserialize, Serialize, Serializer};
 use std::fmt::Write as _;
-use std::io::Write as _;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Status {
     /// Timed, and every correctness check passed.
+    #[serde(rename = "ok")]
     Ok,
     /// A correctness check failed (the note says which and how).
+    #[serde(rename = "FAILED")]
     Failed,
     /// The row cannot run at this size (not served, no NCCL, ...); the note says why.
+    #[serde(rename = "n/a")]
     NotApplicable,
     /// A CUDA / NCCL / library error; the note holds it.
+    #[serde(rename = "error")]
     Error,
 }
 
@@ -27,16 +31,15 @@ impl Status {
             Status::Error => "error",
         }
     }
-    fn parse(s: &str) -> Option<Status> {
-        [Status::Ok, Status::Failed, Status::NotApplicable, Status::Error].into_iter().find(|x| x.name() == s)
-    }
 }
 
 /// Strategy names of the two extra rows of a simulation group.
 pub const FLOOR: &str = "floor";
 pub const COPY: &str = "copy";
 
-#[derive(Clone, Debug, PartialEq)]
+/// One row of the CSV; the columns are the fields, in order (`shape` and `graph_ops`, the last
+/// two, may be missing from older files).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Record {
     pub mode: String,
     pub ranks: i32,
@@ -47,24 +50,48 @@ pub struct Record {
     pub path: String,
     pub status: Status,
     /// Per-call time of graph replay (µs): median, 10th and 90th percentile over the batches.
+    #[serde(serialize_with = "decimals3")]
     pub median_us: Option<f64>,
+    #[serde(serialize_with = "decimals3")]
     pub p10_us: Option<f64>,
+    #[serde(serialize_with = "decimals3")]
     pub p90_us: Option<f64>,
     /// Per-call time of eager launches (µs), median over the batches.
+    #[serde(serialize_with = "decimals3")]
     pub eager_us: Option<f64>,
+    #[serde(rename = "algbw_GBps", serialize_with = "decimals3")]
     pub algbw_gbps: Option<f64>,
+    #[serde(rename = "busbw_GBps", serialize_with = "decimals3")]
     pub busbw_gbps: Option<f64>,
     /// Simulation only: (N+1)·S/t over the copy roofline of the run.
+    #[serde(serialize_with = "decimals4")]
     pub roof_frac: Option<f64>,
     pub replays: u32,
     pub batches: u32,
-    /// Ops captured back to back in each graph (`--graph-ops`); the time is per op.
-    pub graph_ops: u32,
     pub device: String,
     pub note: String,
     /// Fused rows: the shape, "8x4096" or "8x4096+bias" (tokens x hidden, with a bias input);
     /// empty for plain rows. `bytes` is then tokens · hidden · element size.
+    #[serde(default)]
     pub shape: String,
+    /// Ops captured back to back in each graph (`--graph-ops`); the time is per op.
+    #[serde(default = "one")]
+    pub graph_ops: u32,
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// Times with 3 decimals, fractions with 4, absent values as empty fields.
+fn decimals<S: Serializer>(v: &Option<f64>, decimals: usize, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&v.map_or(String::new(), |x| format!("{x:.decimals$}")))
+}
+fn decimals3<S: Serializer>(v: &Option<f64>, s: S) -> Result<S::Ok, S::Error> {
+    decimals(v, 3, s)
+}
+fn decimals4<S: Serializer>(v: &Option<f64>, s: S) -> Result<S::Ok, S::Error> {
+    decimals(v, 4, s)
 }
 
 impl Record {
@@ -114,142 +141,45 @@ impl Record {
     }
 }
 
-/// The CSV's columns; `shape` and `graph_ops` (the last two) may be missing from older files.
-pub const HEADER: [&str; 20] = [
-    "mode", "ranks", "dtype", "bytes", "strategy", "path", "status", "median_us", "p10_us", "p90_us", "eager_us",
-    "algbw_GBps", "busbw_GBps", "roof_frac", "replays", "batches", "device", "note", "shape", "graph_ops",
-];
-const OPTIONAL_COLUMNS: usize = 2;
-
-fn quote(field: &str) -> String {
-    if field.contains([',', '"', '\n', '\r']) {
-        format!("\"{}\"", field.replace('"', "\"\""))
-    } else {
-        field.to_string()
+/// Reads a CSV the benchmark wrote (by column name: older files lack `shape` and `graph_ops`).
+pub fn parse_csv(text: &str) -> anyhow::Result<Vec<Record>> {
+    let mut reader = csv::Reader::from_reader(text.as_bytes());
+    let headers = reader.headers()?.clone();
+    // Every column but the two optional ones must be there, even in a file without rows.
+    let columns = columns();
+    if let Some(missing) = columns[..columns.len() - 2].iter().find(|c| !headers.iter().any(|h| h == c.as_str())) {
+        anyhow::bail!("CSV has no column '{missing}'");
     }
-}
-
-fn num(v: Option<f64>, decimals: usize) -> String {
-    v.map_or(String::new(), |x| format!("{x:.decimals$}"))
-}
-
-pub fn csv_line(r: &Record) -> String {
-    let fields = [
-        r.mode.clone(),
-        r.ranks.to_string(),
-        r.dtype.clone(),
-        r.bytes.to_string(),
-        r.strategy.clone(),
-        r.path.clone(),
-        r.status.name().to_string(),
-        num(r.median_us, 3),
-        num(r.p10_us, 3),
-        num(r.p90_us, 3),
-        num(r.eager_us, 3),
-        num(r.algbw_gbps, 3),
-        num(r.busbw_gbps, 3),
-        num(r.roof_frac, 4),
-        r.replays.to_string(),
-        r.batches.to_string(),
-        r.device.clone(),
-        r.note.clone(),
-        r.shape.clone(),
-        r.graph_ops.to_string(),
-    ];
-    fields.iter().map(|f| quote(f)).collect::<Vec<_>>().join(",")
-}
-
-/// Splits CSV text into records of fields (RFC 4180 quoting).
-fn split_csv(text: &str) -> Vec<Vec<String>> {
-    let mut rows = Vec::new();
-    let (mut row, mut field, mut quoted, mut chars) = (Vec::new(), String::new(), false, text.chars().peekable());
-    while let Some(c) = chars.next() {
-        match (quoted, c) {
-            (true, '"') if chars.peek() == Some(&'"') => {
-                chars.next();
-                field.push('"');
-            }
-            (true, '"') => quoted = false,
-            (true, c) => field.push(c),
-            (false, '"') => quoted = true,
-            (false, ',') => row.push(std::mem::take(&mut field)),
-            (false, '\r') => {}
-            (false, '\n') => {
-                row.push(std::mem::take(&mut field));
-                rows.push(std::mem::take(&mut row));
-            }
-            (false, c) => field.push(c),
-        }
-    }
-    if !field.is_empty() || !row.is_empty() {
-        row.push(field);
-        rows.push(row);
-    }
-    rows.retain(|r| !(r.len() == 1 && r[0].is_empty()));
-    rows
-}
-
-pub fn parse_csv(text: &str) -> Result<Vec<Record>, String> {
-    let mut rows = split_csv(text).into_iter();
-    let header = rows.next().ok_or("empty CSV")?;
-    let col = |name: &str| header.iter().position(|h| h == name).ok_or(format!("CSV has no column '{name}'"));
-    let mut idx: Vec<usize> = HEADER[..HEADER.len() - OPTIONAL_COLUMNS].iter().map(|h| col(h)).collect::<Result<_, _>>()?;
-    // A missing optional column reads as empty fields.
-    idx.extend(HEADER[HEADER.len() - OPTIONAL_COLUMNS..].iter().map(|h| col(h).unwrap_or(usize::MAX)));
     let mut out = Vec::new();
-    for (line, row) in rows.enumerate() {
-        let get = |i: usize| row.get(idx[i]).map(String::as_str).unwrap_or("");
-        let opt = |i: usize| -> Result<Option<f64>, String> {
-            let s = get(i);
-            if s.is_empty() {
-                Ok(None)
-            } else {
-                s.parse().map(Some).map_err(|_| format!("line {}: '{s}' is not a number ({})", line + 2, HEADER[i]))
-            }
-        };
-        let int = |i: usize| get(i).parse::<u64>().map_err(|_| format!("line {}: '{}' is not an integer ({})", line + 2, get(i), HEADER[i]));
-        out.push(Record {
-            mode: get(0).into(),
-            ranks: int(1)? as i32,
-            dtype: get(2).into(),
-            bytes: int(3)?,
-            strategy: get(4).into(),
-            path: get(5).into(),
-            status: Status::parse(get(6)).ok_or(format!("line {}: unknown status '{}'", line + 2, get(6)))?,
-            median_us: opt(7)?,
-            p10_us: opt(8)?,
-            p90_us: opt(9)?,
-            eager_us: opt(10)?,
-            algbw_gbps: opt(11)?,
-            busbw_gbps: opt(12)?,
-            roof_frac: opt(13)?,
-            replays: int(14).unwrap_or(0) as u32,
-            batches: int(15).unwrap_or(0) as u32,
-            device: get(16).into(),
-            note: get(17).into(),
-            shape: get(18).into(),
-            graph_ops: int(19).unwrap_or(1).max(1) as u32,
-        });
+    for (line, row) in reader.deserialize::<Record>().enumerate() {
+        let mut r = row.map_err(|e| anyhow::anyhow!("line {}: {e}", line + 2))?;
+        r.graph_ops = r.graph_ops.max(1);
+        out.push(r);
     }
     Ok(out)
+}
+
+/// The CSV's columns: the names CsvWriter writes in its header (Record's fields, renamed).
+fn columns() -> Vec<String> {
+    let mut w = csv::Writer::from_writer(Vec::new());
+    w.serialize(Record::new("", 0, "", 0, "", "")).expect("a record serializes");
+    let text = String::from_utf8(w.into_inner().expect("in memory")).expect("UTF-8");
+    text.lines().next().unwrap_or("").split(',').map(str::to_owned).collect()
 }
 
 /// The CSV file, written one line per record as the run goes (a hang or crash leaves the rows
 /// done so far).
 pub struct CsvWriter {
-    file: std::io::BufWriter<std::fs::File>,
+    csv: csv::Writer<std::fs::File>,
 }
 
 impl CsvWriter {
-    pub fn create(path: &std::path::Path) -> std::io::Result<Self> {
-        let mut file = std::io::BufWriter::new(std::fs::File::create(path)?);
-        writeln!(file, "{}", HEADER.join(","))?;
-        file.flush()?;
-        Ok(CsvWriter { file })
+    pub fn create(path: &std::path::Path) -> anyhow::Result<Self> {
+        Ok(CsvWriter { csv: csv::Writer::from_path(path)? })
     }
-    pub fn write(&mut self, r: &Record) -> std::io::Result<()> {
-        writeln!(self.file, "{}", csv_line(r))?;
-        self.file.flush()
+    pub fn write(&mut self, r: &Record) -> anyhow::Result<()> {
+        self.csv.serialize(r)?;
+        Ok(self.csv.flush()?)
     }
 }
 
@@ -510,6 +440,13 @@ that kernel. best fused: the fastest of fused_oneshot/twoshot/lamport; x/best: t
 mod tests {
     use super::*;
 
+    /// What CsvWriter writes, in memory.
+    fn to_csv(records: &[Record]) -> String {
+        let mut w = csv::Writer::from_writer(Vec::new());
+        records.iter().for_each(|r| w.serialize(r).unwrap());
+        String::from_utf8(w.into_inner().unwrap()).unwrap()
+    }
+
     fn rec(strategy: &str, bytes: u64, us: Option<f64>, status: Status) -> Record {
         let mut r = Record::new("sim", 4, "bf16", bytes, strategy, "NVIDIA H200");
         r.status = status;
@@ -528,7 +465,7 @@ mod tests {
         a.replays = 50;
         a.batches = 15;
         let b = rec("lamport", 64 << 20, None, Status::NotApplicable);
-        let text = format!("{}\n{}\n{}\n", HEADER.join(","), csv_line(&a), csv_line(&b));
+        let text = to_csv(&[a.clone(), b.clone()]);
         let back = parse_csv(&text).unwrap();
         assert_eq!(back.len(), 2);
         assert_eq!(back[0].note, a.note);
@@ -605,7 +542,7 @@ mod tests {
         assert!(t.contains("15.0 L") && t.contains("10.5 1s"), "paths: {t}");
         assert!(t.matches("floor 2.00 µs").count() == 2, "the fused block shows the floor too: {t}");
         // The shape column round-trips, and a CSV without it still parses.
-        let text = format!("{}\n{}\n", HEADER.join(","), records.iter().map(csv_line).collect::<Vec<_>>().join("\n"));
+        let text = to_csv(&records);
         let key = |r: &Record| (r.strategy.clone(), r.shape.clone(), r.bytes, r.path.clone(), r.status, r.median_us);
         let back = parse_csv(&text).unwrap();
         assert_eq!(back.iter().map(key).collect::<Vec<_>>(), records.iter().map(key).collect::<Vec<_>>());
@@ -621,7 +558,7 @@ mod tests {
         // graph_ops round-trips.
         let mut twenty = records[0].clone();
         twenty.graph_ops = 20;
-        let text = format!("{}\n{}\n", HEADER.join(","), csv_line(&twenty));
+        let text = to_csv(&[twenty]);
         assert_eq!(parse_csv(&text).unwrap()[0].graph_ops, 20);
         // Only fused rows: no plain block, no plain legend.
         let only: Vec<Record> = records.iter().filter(|r| r.is_fused() || r.strategy == FLOOR).cloned().collect();

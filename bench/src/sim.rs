@@ -17,10 +17,7 @@ use crate::record::{Record, Status, COPY, FLOOR};
 use crate::stats::{self, fmt_bytes};
 use crate::Plan;
 use cudarc::driver::{sys, CudaContext, CudaEvent, CudaStream};
-use edgellm_allreduce::kernels::{DeviceKernels, Family};
-use edgellm_allreduce::strategy::{self, Path, Requested};
-use edgellm_allreduce::tensor::DataType;
-use edgellm_allreduce::workspace::{self, Group};
+use edgellm_allreduce::{self as ear, DataType, DeviceKernels, DevicePtr, Family, Fits, Group, Path, Requested, Stream};
 use std::sync::{Arc, Mutex};
 
 /// N simulated ranks and their streams and buffers.
@@ -87,7 +84,7 @@ impl Runner for SimRun<'_> {
             // SAFETY: the buffers hold `count` elements and are 256-byte aligned; every rank of
             // the group gets the same call, in the same order.
             unsafe {
-                sim.group.launch(rank as i32, self.family, self.dtype, sim.inputs[rank].ptr as usize, sim.outputs[rank].ptr as usize, count, s.cu_stream() as usize)
+                sim.group.launch(rank as i32, self.family, self.dtype, DevicePtr(sim.inputs[rank].ptr), DevicePtr(sim.outputs[rank].ptr), count, Stream(s.cu_stream() as usize))
             }
             .map_err(|e| format!("launch of rank {rank}: {e}"))
         })
@@ -187,7 +184,7 @@ enum Step {
 /// What a row runs at this size, or why it cannot.
 fn plan(case: Case, group: &Group, dtype: DataType, bytes: u64) -> Step {
     let serve = |f: Family| {
-        if group.serves(f, dtype, bytes) {
+        if group.serves_bytes(f, dtype, bytes) {
             Step::Run(f)
         } else {
             Step::Skip(format!("{} serves up to {} with this workspace", Case::Custom(f).name(), fmt_bytes(f.max_bytes(group.max_bytes))))
@@ -197,7 +194,7 @@ fn plan(case: Case, group: &Group, dtype: DataType, bytes: u64) -> Step {
         Case::Custom(f) => serve(f),
         Case::Auto => {
             let call = plain_call(group.nranks, dtype, bytes);
-            match strategy::choose(Requested::Auto, &call, Some(group as &dyn strategy::Capability)).path {
+            match ear::choose(Requested::Auto, &call, Some(group as &dyn Fits)).path {
                 Path::Custom(f) => Step::Run(f),
                 p => Step::Skip(format!("AUTO picks {} here (no NCCL in simulation)", path_name(p))),
             }
@@ -210,16 +207,16 @@ fn plan(case: Case, group: &Group, dtype: DataType, bytes: u64) -> Step {
 /// What a fused row runs at this shape, or why it cannot.
 fn plan_fused(case: Case, group: &Group, dtype: DataType, shape: &Shape) -> Result<FusedOp, String> {
     let call = fused_call(group.nranks, dtype, shape);
-    let cap = Some(group as &dyn strategy::Capability);
+    let cap = Some(group as &dyn Fits);
     match case {
-        Case::Fused(f) if group.serves_message(f, dtype, &call.message) => Ok(FusedOp::Fused(f)),
+        Case::Fused(f) if group.serves(f, dtype, &call.message) => Ok(FusedOp::Fused(f)),
         Case::Fused(f) => Err(format!("{} does not take {} rows of {} with this workspace ({})", case.name(), shape.tokens, shape.hidden, fmt_bytes(f.max_bytes(group.max_bytes)))),
-        Case::FusedAuto => match strategy::choose(Requested::Auto, &call, cap).path {
+        Case::FusedAuto => match ear::choose(Requested::Auto, &call, cap).path {
             Path::Custom(f) => Ok(FusedOp::Fused(f)),
             Path::Split(f) => Ok(FusedOp::ArThenNorm(f)),
             p => Err(format!("AUTO picks {} then the norm kernel here (no NCCL in simulation)", path_name(p))),
         },
-        Case::ArThenNorm => match strategy::choose(Requested::Auto, &plain_call(group.nranks, dtype, call.message.bytes), cap).path {
+        Case::ArThenNorm => match ear::choose(Requested::Auto, &plain_call(group.nranks, dtype, call.message.bytes), cap).path {
             Path::Custom(f) => Ok(FusedOp::ArThenNorm(f)),
             p => Err(format!("AUTO picks {} for the plain all-reduce here (no NCCL in simulation)", path_name(p))),
         },
@@ -238,7 +235,7 @@ fn fused_sweep(plan_: &Plan, sim: &Sim, ctx: &Arc<CudaContext>, n: i32, sub: &st
     let max_bytes = plan_.shapes.iter().map(|sh| sh.count() * max_elem).max().unwrap_or(16);
     let max_row = plan_.shapes.iter().map(|sh| sh.hidden as usize * max_elem).max().unwrap_or(16);
     let setup = || -> Res<(Arc<DeviceKernels>, Vec<FusedBufs>)> {
-        let kernels = edgellm_allreduce::kernels::for_device(plan_.device).map_err(|e| format!("loading the kernels: {e}"))?;
+        let kernels = edgellm_allreduce::device_kernels(plan_.device).map_err(|e| format!("loading the kernels: {e}"))?;
         let bufs = (0..n).map(|_| FusedBufs::new(ctx, max_bytes, max_row)).collect::<Res<Vec<_>>>()?;
         Ok((kernels, bufs))
     };
@@ -312,7 +309,7 @@ pub fn run(plan_: &Plan, sink: &Mutex<Sink>) -> Result<(), Fatal> {
 
     for &n in &plan_.ranks {
         // Rounded as the library rounds EDGELLM_ALLREDUCE_WORKSPACE_BYTES.
-        let ws = plan_.workspace_bytes.map_or_else(|| workspace::max_message_bytes(n), |b| b.div_ceil(16) * 16);
+        let ws = plan_.workspace_bytes.map_or_else(|| ear::max_message_bytes(n), |b| b.div_ceil(16) * 16);
         sink.lock().unwrap().message(format!("sim {n} ranks: setting up"));
         let sim = match Sim::new(&ctx, &origin, plan_.device, n, ws, buf_bytes) {
             Ok(sim) => sim,

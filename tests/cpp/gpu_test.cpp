@@ -1,10 +1,11 @@
-// GPU tests: skipped without a GPU, run on the H200 (tools/gpu/run_gpu_tests.sh). The plugin is
-// driven exactly as TensorRT drives it (enqueue on a stream with device buffers), the NCCL path
-// with a real one-rank communicator from the process's NCCL (EDGELLM_TEST_NCCL_LIBRARY or
+// GPU tests: run on the H200 (tools/gpu/run_gpu_tests.sh); without a GPU, ctest's *_gpu entries
+// report them skipped (main.cpp). The plugin is driven exactly as TensorRT drives it (enqueue on
+// a stream with device buffers), the NCCL path with a real one-rank communicator from the process's NCCL (EDGELLM_TEST_NCCL_LIBRARY or
 // libnccl.so.2), registered the Edge-LLM way.
 
 #include "library.h"
 
+#include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
@@ -14,6 +15,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
+#include <functional>
 #include <memory>
 #include <random>
 #include <thread>
@@ -121,6 +123,92 @@ void* loadNccl()
 {
     char const* path = std::getenv("EDGELLM_TEST_NCCL_LIBRARY");
     return dlopen(path != nullptr ? path : "libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
+}
+
+//! A driver function through the runtime (the test links no libcuda), or null.
+template <typename Fn>
+Fn driverFunction(char const* name)
+{
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    cudaGetDriverEntryPointByVersion(name, &f, 12030, cudaEnableDefault, &found);
+    return found == cudaDriverEntryPointSuccess ? reinterpret_cast<Fn>(f) : nullptr;
+}
+
+//! Which kernels `enqueue` really launches on `stream`: it is captured into a CUDA graph whose
+//! kernel nodes the driver names; then the graph runs (so every rank's calls stay paired, and
+//! the caller can check what it computed). `status` is enqueue's return value. A name "?" is a
+//! kernel the driver could not name; a capture that fails gives {"<capture failed>"}.
+std::vector<std::string> launchedKernels(cudaStream_t stream, std::function<int32_t()> const& enqueue, int32_t& status)
+{
+    using NodeParams = CUresult (*)(CUgraphNode, CUDA_KERNEL_NODE_PARAMS*);
+    using FuncName = CUresult (*)(char const**, CUfunction);
+    using KernelName = CUresult (*)(char const**, CUkernel);
+    static auto const nodeParams = driverFunction<NodeParams>("cuGraphKernelNodeGetParams");
+    static auto const funcName = driverFunction<FuncName>("cuFuncGetName");
+    static auto const kernelName = driverFunction<KernelName>("cuKernelGetName");
+    cudaGraph_t graph = nullptr;
+    if (nodeParams == nullptr || funcName == nullptr
+        || cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess)
+    {
+        return {"<capture failed>"};
+    }
+    status = enqueue();
+    if (cudaStreamEndCapture(stream, &graph) != cudaSuccess || graph == nullptr)
+    {
+        return {"<capture failed>"};
+    }
+    size_t n = 0;
+    cudaGraphGetNodes(graph, nullptr, &n);
+    std::vector<cudaGraphNode_t> nodes(n);
+    cudaGraphGetNodes(graph, nodes.data(), &n);
+    std::vector<std::string> names;
+    for (cudaGraphNode_t node : nodes)
+    {
+        cudaGraphNodeType type{};
+        CUDA_KERNEL_NODE_PARAMS params{};
+        if (cudaGraphNodeGetType(node, &type) != cudaSuccess || type != cudaGraphNodeTypeKernel
+            || nodeParams(node, &params) != CUDA_SUCCESS)
+        {
+            continue;
+        }
+        char const* name = nullptr;
+        bool const named = params.func != nullptr ? funcName(&name, params.func) == CUDA_SUCCESS
+                                                  : kernelName != nullptr && kernelName(&name, params.kern) == CUDA_SUCCESS;
+        names.emplace_back(named && name != nullptr ? name : "?");
+    }
+    cudaGraphExec_t exec = nullptr;
+    if (cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess || cudaGraphLaunch(exec, stream) != cudaSuccess)
+    {
+        names.emplace_back("<graph launch failed>");
+    }
+    cudaStreamSynchronize(stream);
+    if (exec != nullptr)
+    {
+        cudaGraphExecDestroy(exec);
+    }
+    cudaGraphDestroy(graph);
+    return names;
+}
+
+//! "" when the custom kernels among `names` (those named ear_*) are exactly one, named
+//! `prefix`*, or, for prefix "", when there is none (the NCCL path); else what was found.
+std::string customPathIs(std::vector<std::string> const& names, std::string const& prefix)
+{
+    std::vector<std::string> custom;
+    std::copy_if(names.begin(), names.end(), std::back_inserter(custom),
+        [](std::string const& n) { return n.rfind("ear_", 0) == 0; });
+    bool const ok = prefix.empty() ? custom.empty() : custom.size() == 1 && custom[0].rfind(prefix, 0) == 0;
+    if (ok)
+    {
+        return "";
+    }
+    std::string all;
+    for (std::string const& n : names)
+    {
+        all += n + " ";
+    }
+    return "expected " + (prefix.empty() ? std::string("no custom kernel") : prefix + "*") + ", launched: " + all;
 }
 } // namespace
 
@@ -434,8 +522,10 @@ FusedData fusedData(FusedCase const& c, int ranks, float eps, uint32_t seed)
 }
 
 //! Runs the fused plugin for one rank on the current device; returns (normed, residual_out).
-std::pair<std::vector<uint8_t>, std::vector<uint8_t>> runFused(
-    IPluginV3* plugin, FusedCase const& c, FusedData const& d, int rank)
+//! With `kernels`, the enqueue is captured and run as a graph on `stream`, and `kernels` gets
+//! the names of the kernels it launched (launchedKernels).
+std::pair<std::vector<uint8_t>, std::vector<uint8_t>> runFused(IPluginV3* plugin, FusedCase const& c,
+    FusedData const& d, int rank, cudaStream_t stream = nullptr, std::vector<std::string>* kernels = nullptr)
 {
     size_t const bytes = c.tokens * c.hidden * sizeOf(c.type);
     size_t const wbytes = c.hidden * sizeOf(c.type);
@@ -453,7 +543,18 @@ std::pair<std::vector<uint8_t>, std::vector<uint8_t>> runFused(
     void const* ins[4] = {x.ptr, res.ptr, gamma.ptr, bias.ptr};
     void* outs[2] = {normed.ptr, resOut.ptr};
     std::pair<std::vector<uint8_t>, std::vector<uint8_t>> result;
-    if (testlib::views(plugin).runtime->enqueue(in, out, ins, outs, nullptr, nullptr) != 0)
+    cudaDeviceSynchronize(); // the copies and poison above are in place before `stream` runs
+    auto enqueue = [&] { return testlib::views(plugin).runtime->enqueue(in, out, ins, outs, nullptr, stream); };
+    int32_t status = -1;
+    if (kernels != nullptr)
+    {
+        *kernels = launchedKernels(stream, enqueue, status);
+    }
+    else
+    {
+        status = enqueue();
+    }
+    if (status != 0)
     {
         return result;
     }
@@ -486,9 +587,38 @@ std::vector<FusedCase> fusedCases()
 }
 } // namespace
 
+namespace
+{
+//! The kernel a 2-rank plain all-reduce of `bytes` must launch under `strategy` ("": NCCL's).
+std::string plainKernel(int32_t strategy, size_t bytes, bool custom)
+{
+    switch (custom ? strategy : 0)
+    {
+    case 1: return "ear_oneshot_barrier_";
+    case 2: return "ear_twoshot_polled_";
+    case 3: return bytes <= (size_t{2} << 20) ? "ear_oneshot_lamport_" : "ear_twoshot_polled_"; // AUTO_TABLE, 2 ranks
+    default: return "";
+    }
+}
+
+//! The one custom kernel a 2-rank fused call of `bytes` must launch under `strategy`.
+std::string fusedKernel(int32_t strategy, size_t bytes, bool custom)
+{
+    switch (custom ? strategy : 0)
+    {
+    case 1: return "ear_oneshot_barrier_norm_";
+    case 2: return "ear_twoshot_barrier_norm_";
+    case 3: return bytes <= (size_t{2} << 20) ? "ear_oneshot_lamport_norm_" : "ear_oneshot_barrier_norm_"; // FUSED_AUTO_TABLE
+    default: return "ear_residual_rmsnorm_"; // after NCCL
+    }
+}
+} // namespace
+
 // Two real GPUs, one thread per rank as Edge-LLM drives them, communicators from
 // ncclCommInitAll registered the Edge-LLM way: every strategy (NCCL, ONESHOT, TWOSHOT, AUTO) and
-// type sums rank-dependent inputs exactly, and both ranks agree bit for bit.
+// type sums rank-dependent inputs exactly, both ranks agree bit for bit, and each call runs the
+// path its strategy asks for (the kernels it launched, named by the driver from a captured graph:
+// a strategy that fell back to NCCL fails here).
 TEST(Gpu, TwoRanksSumThroughEveryStrategy)
 {
     REQUIRE_GPU();
@@ -517,6 +647,7 @@ TEST(Gpu, TwoRanksSumThroughEveryStrategy)
     cudaDeviceCanAccessPeer(&canAccess, 0, 1);
     EXPECT_EQ(customRanks(0), canAccess ? 2 : 0);
     EXPECT_EQ(customRanks(1), canAccess ? 2 : 0);
+    bool const custom = customRanks(0) == 2;
 
     for (int32_t strategy : {0, 1, 2, 3})
     {
@@ -529,8 +660,9 @@ TEST(Gpu, TwoRanksSumThroughEveryStrategy)
                 {
                     expected[i] = rankValue(0, i) + rankValue(1, i);
                 }
-                std::vector<std::vector<uint8_t>> results(2);
-                std::vector<int32_t> status(2, -99);
+                std::vector<std::vector<uint8_t>> results(2), replayed(2);
+                std::vector<std::vector<std::string>> kernels(2);
+                std::vector<int32_t> status(2, -99), graphStatus(2, -99);
                 std::vector<std::thread> ranks;
                 for (int r = 0; r < 2; ++r)
                 {
@@ -550,10 +682,19 @@ TEST(Gpu, TwoRanksSumThroughEveryStrategy)
                         cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
                         cudaMemcpy(in.ptr, host.data(), host.size(), cudaMemcpyHostToDevice);
                         cudaMemset(out.ptr, 0xff, host.size());
-                        status[r] = p ? runEnqueue(p.get(), {static_cast<int64_t>(count)}, t, in.ptr, out.ptr, stream) : -98;
+                        auto enqueue = [&] {
+                            return p ? runEnqueue(p.get(), {static_cast<int64_t>(count)}, t, in.ptr, out.ptr, stream) : -98;
+                        };
+                        status[r] = enqueue();
                         cudaStreamSynchronize(stream);
                         results[r].resize(host.size());
                         cudaMemcpy(results[r].data(), out.ptr, host.size(), cudaMemcpyDeviceToHost);
+                        // The same call again, captured: which kernels it launches, and the replay's sum.
+                        cudaMemsetAsync(out.ptr, 0xff, host.size(), stream);
+                        cudaStreamSynchronize(stream);
+                        kernels[r] = launchedKernels(stream, enqueue, graphStatus[r]);
+                        replayed[r].resize(host.size());
+                        cudaMemcpy(replayed[r].data(), out.ptr, host.size(), cudaMemcpyDeviceToHost);
                         cudaStreamDestroy(stream);
                     });
                 }
@@ -567,6 +708,13 @@ TEST(Gpu, TwoRanksSumThroughEveryStrategy)
                 ASSERT_EQ(status[1], 0) << what;
                 EXPECT_EQ(results[0], results[1]) << "ranks differ: " << what;
                 EXPECT_EQ(results[0], encode(expected, t)) << "wrong sum: " << what;
+                std::string const path = plainKernel(strategy, count * sizeOf(t), custom);
+                for (int r = 0; r < 2; ++r)
+                {
+                    EXPECT_EQ(graphStatus[r], 0) << "captured: " << what;
+                    EXPECT_EQ(replayed[r], results[0]) << "graph replay, rank " << r << ": " << what;
+                    EXPECT_EQ(customPathIs(kernels[r], path), "") << "rank " << r << ": " << what;
+                }
             }
         }
     }
@@ -577,7 +725,8 @@ TEST(Gpu, TwoRanksSumThroughEveryStrategy)
         for (FusedCase const& c : fusedCases())
         {
             FusedData d = fusedData(c, 2, eps, static_cast<uint32_t>(strategy * 7 + c.hidden));
-            std::pair<std::vector<uint8_t>, std::vector<uint8_t>> results[2];
+            std::pair<std::vector<uint8_t>, std::vector<uint8_t>> results[2], replayed[2];
+            std::vector<std::string> kernels[2];
             std::vector<std::thread> ranks;
             for (int r = 0; r < 2; ++r)
             {
@@ -587,6 +736,10 @@ TEST(Gpu, TwoRanksSumThroughEveryStrategy)
                     if (p)
                     {
                         results[r] = runFused(p.get(), c, d, r);
+                        cudaStream_t stream{};
+                        cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+                        replayed[r] = runFused(p.get(), c, d, r, stream, &kernels[r]);
+                        cudaStreamDestroy(stream);
                     }
                 });
             }
@@ -601,6 +754,12 @@ TEST(Gpu, TwoRanksSumThroughEveryStrategy)
             EXPECT_EQ(results[0], results[1]) << "ranks differ: " << what;
             EXPECT_LT(relError(decodeAll(results[0].second, c.type), d.residualOut), tolerance(c.type)) << what;
             EXPECT_LT(relError(decodeAll(results[0].first, c.type), d.normed), 2 * tolerance(c.type)) << what;
+            std::string const path = fusedKernel(strategy, c.tokens * c.hidden * sizeOf(c.type), custom);
+            for (int r = 0; r < 2; ++r)
+            {
+                EXPECT_EQ(replayed[r], results[0]) << "graph replay, rank " << r << ": " << what;
+                EXPECT_EQ(customPathIs(kernels[r], path), "") << "rank " << r << ": " << what;
+            }
         }
     }
 

@@ -1,6 +1,6 @@
 // The three ways TensorRT and Edge-LLM find the creator, in the order a process meets them, and
 // logging through the TensorRT logger (whose layout differs between TensorRT 10 and 11).
-// These tests run in file order: each builds on what the previous one registered.
+// Each test sets up what it needs, so they pass in any order (--gtest_shuffle).
 
 #include "library.h"
 
@@ -14,6 +14,17 @@ fake::Logger& testLogger()
 {
     static fake::Logger logger;
     return logger;
+}
+
+//! Gives the library a logger finder that finds testLogger(), with an empty log. A logger given
+//! through initEdgellmPlugins (testLogger() in these tests) takes precedence over the finder.
+void logThroughTheFinder()
+{
+    static fake::LoggerFinder finder(&testLogger());
+    auto setLoggerFinder = testlib::symbol<void (*)(ILoggerFinder*)>("setLoggerFinder");
+    ASSERT_NE(setLoggerFinder, nullptr);
+    setLoggerFinder(&finder);
+    testLogger().clear();
 }
 } // namespace
 
@@ -31,11 +42,7 @@ TEST(Registration, StaticRegistrationAtLoad)
 
 TEST(Registration, LoggerFinderIsUsedBeforeAnyLogger)
 {
-    testLogger().clear();
-    auto setLoggerFinder = testlib::symbol<void (*)(ILoggerFinder*)>("setLoggerFinder");
-    ASSERT_NE(setLoggerFinder, nullptr);
-    static fake::LoggerFinder finder(&testLogger());
-    setLoggerFinder(&finder);
+    logThroughTheFinder();
     auto reg = testlib::symbol<bool (*)(int, void*, void*)>("edgellmRegisterNcclCommForAllReducePlugin");
     EXPECT_FALSE(reg(-1, nullptr, nullptr));
     EXPECT_TRUE(testLogger().saw("negative CUDA device id")) << "the error reached the logger the finder gave";
@@ -56,7 +63,7 @@ TEST(Registration, InitEdgellmPluginsRegistersANamespaceOnce)
 
 TEST(Registration, LoggerGetsErrorsWithTheirCause)
 {
-    testLogger().clear();
+    logThroughTheFinder();
     testlib::Fields f;
     f.i32("tp_size", 2).i32("bogus", 1);
     EXPECT_EQ(testlib::createPlugin(f), nullptr);

@@ -3,10 +3,10 @@
 # where the machine's glibc allows (2.39+), TensorRT 11: every creator findable, ours serving
 # AllReducePlugin (a tp_size 1 enqueue on the GPU), a plugin of the base created and destroyed,
 # the C ABI forwarded. The base loads against the machine's CUDA (driver, libcudart.so.13,
-# libnvrtc.so.13) and the stand-in libnvinfer. Usage: tools/gpu/overlay_check.sh DIR (.carry of
-# tools/gpu/stage.sh). Exits non-zero when any run fails.
+# libnvrtc.so.13) and the stand-in libnvinfer. Usage: tools/gpu/overlay_check.sh DIR (.carry-overlay
+# of tools/gpu/stage.sh). Exits non-zero when any run fails.
 set -uo pipefail
-dir=$(realpath "${1:-.carry}")
+dir=$(realpath "${1:-.carry-overlay}")
 out=${OUT:-$dir}
 # The CUDA 13 runtime and NVRTC the base needs: the system's, else those of the Python wheels.
 for lib in libcudart.so.13 libnvrtc.so.13; do

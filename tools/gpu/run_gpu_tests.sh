@@ -3,6 +3,7 @@
 # Usage: tools/gpu/run_gpu_tests.sh DIR   where DIR holds libNvInfer_edgellm_plugin.so.1 and the
 # edgellm_plugin_tests_trt* binaries (tools/gpu/stage.sh puts them in .carry/). Logs go to $OUT
 # (or DIR). NCCL: $EDGELLM_TEST_NCCL_LIBRARY, else the first libnccl.so.2 found on the machine.
+# Exits non-zero when a test fails, or when the GPU tests could not run (no CUDA device).
 set -uo pipefail
 dir=$(realpath "${1:-.carry}")
 out=${OUT:-$dir}
@@ -19,6 +20,9 @@ status=0
 for t in "$dir"/edgellm_plugin_tests_trt*; do
   name=$(basename "$t")
   "$t" --gtest_output="xml:$out/$name.xml" >"$out/$name.log" 2>&1 || status=1
+  if grep -q "no CUDA device" "$out/$name.log"; then
+    echo "$name: the GPU tests found no CUDA device"; status=1
+  fi
   echo "$name: $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/$name.log" | tr '\n' ' ')"
   grep -E '^\[ +(OK|FAILED|SKIPPED) +\] Gpu' "$out/$name.log"
 done

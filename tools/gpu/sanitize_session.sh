@@ -1,15 +1,20 @@
 #!/usr/bin/env bash
-# compute-sanitizer memcheck on the quick kernel simulations (plain and fused, one launch for all
-# ranks: the sanitizer serializes kernels, which would deadlock ranks on separate streams).
+# compute-sanitizer on the quick kernel simulations (plain and fused, one launch for all ranks: the
+# sanitizer serializes kernels, which would deadlock ranks on separate streams). Exits non-zero
+# when any run fails or reports an error.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/edgellm-out}; mkdir -p "$OUT"
 san=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -n1)
+[ -n "$san" ] || { echo "no compute-sanitizer on this machine"; exit 2; }
+status=0
 for sim in ${SIMS:-sim_ranks sim_fused}; do
   for tool in ${SAN_TOOLS:-memcheck}; do
     echo "== compute-sanitizer --tool $tool $sim --quick --one-launch"
     timeout "${SAN_LIMIT:-170}" "$san" --tool "$tool" --error-exitcode 9 ".carry/$sim" --quick --one-launch --no-timing --timeout 150 \
       >"$OUT/san_${sim}_$tool.log" 2>&1
-    echo "rc=$?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|passed" "$OUT/san_${sim}_$tool.log" | tail -3
+    rc=$?; echo "rc=$rc"; [ "$rc" -eq 0 ] || status=1
+    grep -E "ERROR SUMMARY|RACECHECK SUMMARY|passed" "$OUT/san_${sim}_$tool.log" | tail -3
   done
 done
+exit $status

@@ -1,29 +1,37 @@
 #!/usr/bin/env bash
 # Copies what the GPU machine runs into .carry/ (git-ignored), stripped: the built library, the
-# gtest binaries with their stand-in libnvinfer (trt10/, trt11/), the overlay tests with Edge-LLM
-# 0.11's own library for TensorRT 10 and 11 (edgellm-trt10/, edgellm-trt11/), the Rust GPU test
-# binary, the two kernel simulations and the NVLink probe. Run after tools/install.sh.
+# gtest binaries with their stand-in libnvinfer (trt10/, trt11/), the Rust GPU test binary, the
+# benchmark, the two kernel simulations and the NVLink probe (tools/gpu/device_session.sh runs
+# them); and into .carry-overlay/ the library, the overlay tests with their stand-ins and Edge-LLM
+# 0.11's own library for TensorRT 10 and 11 (tools/gpu/overlay_check.sh runs them; a call of its
+# own, as both folders together pass the device's 64 MiB). Run after tools/install.sh.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 eval "$("$root/tools/setup.sh")"
-mkdir -p "$root/.carry"
-cp -L "$root/build/libNvInfer_edgellm_plugin.so.1" "$root/build"/tests/edgellm_plugin_tests_trt* \
-  "$root/build"/tests/edgellm_overlay_tests_trt* "$root/.carry/"
+overlay="$root/.carry-overlay"
+mkdir -p "$root/.carry" "$overlay"
+cp -L "$root/build/libNvInfer_edgellm_plugin.so.1" "$root/build"/tests/edgellm_plugin_tests_trt* "$root/.carry/"
+cp -L "$root/build/libNvInfer_edgellm_plugin.so.1" "$root/build"/tests/edgellm_overlay_tests_trt* "$overlay/"
 for major in 10 11; do
-  mkdir -p "$root/.carry/trt$major" "$root/.carry/edgellm-trt$major"
-  cp -L "$root/build/tests/trt$major/libnvinfer.so.$major" "$root/.carry/trt$major/"
+  for dest in "$root/.carry" "$overlay"; do
+    mkdir -p "$dest/trt$major" && cp -L "$root/build/tests/trt$major/libnvinfer.so.$major" "$dest/trt$major/"
+  done
+  mkdir -p "$overlay/edgellm-trt$major"
   eval "$(EDGELLM_TRT_MAJOR=$major "$root/tools/edgellm_base.sh")"
-  cp "$EDGELLM_BASE_LIBRARY" "$root/.carry/edgellm-trt$major/libNvInfer_edgellm_plugin_base.so"
+  cp "$EDGELLM_BASE_LIBRARY" "$overlay/edgellm-trt$major/libNvInfer_edgellm_plugin_base.so"
 done
 archs=$(grep -oP '^EDGELLM_CUDA_ARCHS:STRING=\K.*' "$root/build/CMakeCache.txt")
 rust_test=$(cd "$root" && EDGELLM_CUDA_ARCHS=${archs//;/,} cargo test --release --no-run 2>&1 |
   grep -oP 'Executable tests/gpu_simulated_ranks.rs \(\K[^)]+')
 cp "$root/$rust_test" "$root/.carry/rust_gpu_simulated_ranks"
+(cd "$root" && EDGELLM_CUDA_ARCHS=${archs//;/,} cargo build --release -q -p edgellm-allreduce-bench)
+cp "$root/target/release/edgellm-allreduce-bench" "$root/.carry/"
 for sim in sim_ranks sim_fused; do
   SIM_NAME=$sim SIM_OUT="$root/.carry" SIM_BUILD_ONLY=1 "$root/tests/gpu/kernels/build_and_run.sh"
 done
 # The NVLink ceiling probe (2+ GPUs): push, pull, copy engine, TMA, one way and both ways.
 "$CUDA_HOME/bin/nvcc" -O3 -std=c++17 -arch=sm_90 -L"$CUDA_HOME/lib" -Werror all-warnings \
   "$root/tools/gpu/nvlink_probe.cu" -o "$root/.carry/nvlink_probe"
-strip "$root/.carry"/edgellm_plugin_tests_trt* "$root/.carry"/edgellm_overlay_tests_trt* "$root/.carry/rust_gpu_simulated_ranks"
-du -sh "$root/.carry"
+strip "$root/.carry"/edgellm_plugin_tests_trt* "$root/.carry/rust_gpu_simulated_ranks" \
+  "$root/.carry/edgellm-allreduce-bench" "$overlay"/edgellm_overlay_tests_trt*
+du -sh "$root/.carry" "$overlay"

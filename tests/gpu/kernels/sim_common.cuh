@@ -89,9 +89,9 @@ static int n_index(int n) {
 #define SIM_TABLE_ROW(KERNEL, FAM) \
   {SIM_ROW(KERNEL, FAM, float), SIM_ROW(KERNEL, FAM, __half), SIM_ROW(KERNEL, FAM, __nv_bfloat16)}
 static const void* kKernels[3][3][5] = {
-    {EAR_ROW(oneshot, f32), EAR_ROW(oneshot, f16), EAR_ROW(oneshot, bf16)},
-    {EAR_ROW(twoshot, f32), EAR_ROW(twoshot, f16), EAR_ROW(twoshot, bf16)},
-    {EAR_ROW(lamport, f32), EAR_ROW(lamport, f16), EAR_ROW(lamport, bf16)},
+    {EAR_ROW(oneshot_barrier, f32), EAR_ROW(oneshot_barrier, f16), EAR_ROW(oneshot_barrier, bf16)},
+    {EAR_ROW(twoshot_polled, f32), EAR_ROW(twoshot_polled, f16), EAR_ROW(twoshot_polled, bf16)},
+    {EAR_ROW(oneshot_lamport, f32), EAR_ROW(oneshot_lamport, f16), EAR_ROW(oneshot_lamport, bf16)},
 };
 
 // ---------------------------------------------------------------------------------------

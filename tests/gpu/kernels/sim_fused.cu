@@ -1,5 +1,5 @@
 // sim_fused.cu: N simulated ranks on ONE GPU for the fused all-reduce + residual (+ bias) +
-// RMSNorm kernels of kernels/fused_norm.cu (and the rank-less ear_residual_rmsnorm_<t>).
+// RMSNorm kernels of kernels/*_norm.cu (and the rank-less ear_residual_rmsnorm_<t>, rmsnorm.cu).
 //
 // Same simulation as sim_ranks.cu (sim_common.cuh): N zero-filled workspaces and state blocks
 // on one device, one non-blocking stream per rank forked from / joined to an origin stream,
@@ -23,7 +23,10 @@
 // Prints one line per case and "N passed, M failed"; exit code 0 only if all passed.
 #include "sim_common.cuh"
 
-#include "../../../kernels/fused_norm.cu"
+#include "../../../kernels/oneshot_norm.cu"
+#include "../../../kernels/twoshot_norm.cu"
+#include "../../../kernels/lamport_norm.cu"
+#include "../../../kernels/rmsnorm.cu"
 
 enum FFam { F_ONESHOT = 0, F_TWOSHOT = 1, F_LAMPORT = 2, F_NORM = 3, P_ONESHOT = 4, P_TWOSHOT = 5,
             P_LAMPORT = 6 };
@@ -39,9 +42,9 @@ constexpr uint32_t kTagRes = 100, kTagBias = 101, kTagGamma = 102;
 static bool is_plain(int fam) { return fam >= P_ONESHOT; }
 
 static const void* kFused[3][3][5] = {
-    {EAR_ROW(oneshot_norm, f32), EAR_ROW(oneshot_norm, f16), EAR_ROW(oneshot_norm, bf16)},
-    {EAR_ROW(twoshot_norm, f32), EAR_ROW(twoshot_norm, f16), EAR_ROW(twoshot_norm, bf16)},
-    {EAR_ROW(lamport_norm, f32), EAR_ROW(lamport_norm, f16), EAR_ROW(lamport_norm, bf16)},
+    {EAR_ROW(oneshot_barrier_norm, f32), EAR_ROW(oneshot_barrier_norm, f16), EAR_ROW(oneshot_barrier_norm, bf16)},
+    {EAR_ROW(twoshot_barrier_norm, f32), EAR_ROW(twoshot_barrier_norm, f16), EAR_ROW(twoshot_barrier_norm, bf16)},
+    {EAR_ROW(oneshot_lamport_norm, f32), EAR_ROW(oneshot_lamport_norm, f16), EAR_ROW(oneshot_lamport_norm, bf16)},
 };
 static const void* kNormKernels[3] = {(const void*)ear_residual_rmsnorm_f32,
                                       (const void*)ear_residual_rmsnorm_f16,

@@ -1,0 +1,100 @@
+//! The host <-> kernel contract's constants and parameter blocks, defined once: cbindgen writes
+//! `kernels/ear_contract.h` from this file (build.rs), the kernels include it through
+//! `kernels/allreduce_params.h`, which builds the workspace layout and the launch rules on it.
+//! Change anything here and the protocol id too.
+
+use std::ffi::c_void;
+
+/// Names the kernels' cross-rank protocol and the exchange record's layout ("EAR4" read as
+/// big-endian bytes). Ranks running builds with different ids never form a group: each
+/// rejects the other's records, so all fall back to NCCL together instead of waiting on each
+/// other in kernels whose protocols no longer match. "EAR4": flag values
+/// `flag_value(seq, i) = 64*seq + i + 1` (the two-shot above 8 MiB publishes one flag per chunk).
+pub const EAR_PROTOCOL_ID: u32 = 0x4541_5234;
+
+/// Most ranks a kernel serves (the size of `peer_ws`).
+pub const EAR_MAX_RANKS: usize = 16;
+
+/// Largest grid a rank family accepts (the host also keeps the grid within the SM count: every
+/// CTA of a call spins on its peers, so all must be co-resident).
+pub const EAR_MAX_BLOCKS: u32 = 128;
+
+/// The block of the one-shot and two-shot kernels, and the largest Lamport block (as
+/// TensorRT-LLM's DEFAULT_BLOCK_SIZE).
+pub const EAR_BLOCK_THREADS: u32 = 512;
+
+/// The largest block of the fused kernels (one thread per 16-byte vector of a row). Only the
+/// kernels read it; the host takes the block from EAR_FUSED_BLOCK (`family::fused_grid_block`).
+#[allow(dead_code)]
+pub const EAR_FUSED_MAX_THREADS: u32 = 512;
+
+/// The only kernel argument of the plain families, passed by value. 176 bytes, 8-byte aligned,
+/// no implicit padding (64-bit targets only).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct EarAllReduceParams {
+    /// Base of each rank's workspace as mapped in this process, index = rank; entry `rank` is
+    /// our own allocation. Entries >= nranks are ignored (set them to NULL).
+    pub peer_ws: [*mut c_void; EAR_MAX_RANKS],
+    /// Our local state block (EAR_STATE_BYTES, zero-filled once).
+    pub state: *mut c_void,
+    /// count elements of the call's dtype, 16-byte aligned.
+    pub input: *const c_void,
+    /// count elements, 16-byte aligned; may equal input.
+    pub output: *mut c_void,
+    /// Number of elements (>= 1), identical on every rank.
+    pub count: u64,
+    /// The max_msg_bytes `m` the workspaces were created with (identical on every rank).
+    pub ws_max_bytes: u64,
+    /// This process's rank in [0, nranks).
+    pub rank: i32,
+    /// Number of ranks; must equal the N of the kernel's name.
+    pub nranks: i32,
+}
+
+/// The only argument of the fused all-reduce + residual (+ bias) + RMSNorm kernels, passed by
+/// value. 232 bytes, 8-byte aligned, no implicit padding (64-bit targets only).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct EarFusedParams {
+    /// The all-reduce part, exactly as for the plain kernels: ar.input = x [tokens, hidden]
+    /// (this rank's partial sum), ar.count = tokens * hidden; ar.output is ignored. For
+    /// ear_residual_rmsnorm_<t> only ar.input and ar.count are read.
+    pub ar: EarAllReduceParams,
+    /// [tokens, hidden], read; may equal residual_out.
+    pub residual: *const c_void,
+    /// [hidden] or NULL (no bias).
+    pub bias: *const c_void,
+    /// [hidden] RMSNorm weight.
+    pub gamma: *const c_void,
+    /// [tokens, hidden] = sum(x) + bias + residual, rounded to T once.
+    pub residual_out: *mut c_void,
+    /// [tokens, hidden] = RMSNorm(residual_out) * gamma; may equal x (ar.input).
+    pub normed: *mut c_void,
+    /// Token rows (>= 1).
+    pub tokens: u64,
+    /// Elements per row (>= 1).
+    pub hidden: u32,
+    /// RMSNorm epsilon (added to the mean square).
+    pub eps: f32,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::mem::{offset_of, size_of};
+
+    #[test]
+    fn parameter_blocks_have_the_sizes_the_kernels_assert() {
+        // kernels/allreduce_params.h static_asserts the same sizes on the C side.
+        assert_eq!(size_of::<EarAllReduceParams>(), 176);
+        assert_eq!(offset_of!(EarAllReduceParams, rank), 168);
+        assert_eq!(size_of::<EarFusedParams>(), 232);
+        assert_eq!(offset_of!(EarFusedParams, eps), 228);
+    }
+
+    #[test]
+    fn the_protocol_id_reads_ear4() {
+        assert_eq!(&EAR_PROTOCOL_ID.to_be_bytes(), b"EAR4");
+    }
+}

@@ -1,0 +1,150 @@
+//! The launcher: for a family chosen by `crate::strategy`, whether it takes a message, its
+//! kernel, grid and block ([`crate::family`]'s rules), its parameter block
+//! ([`crate::contract`]), and `cuLaunchKernelEx` on TensorRT's stream ([`crate::cuda::launch`]).
+//! The grid and block depend only on the call, so every rank launches the same grid.
+
+use crate::contract::{EarAllReduceParams, EarFusedParams};
+use crate::cuda::{self, DevicePtr, Stream};
+use crate::error::{Error, Result};
+use crate::family::{self, Family, Op};
+use crate::group::Group;
+use crate::kernels::DeviceKernels;
+use crate::tensor::DataType;
+
+/// A message as the kernels see it: its bytes, and for the fused op its rows.
+#[derive(Clone, Copy, Debug)]
+pub struct Message {
+    pub bytes: u64,
+    /// `(tokens, hidden)` of a fused all-reduce + residual + RMSNorm; None for a plain sum.
+    pub rows: Option<(u64, u32)>,
+}
+
+/// What the custom kernels can do for a call: implemented by [`Group`], and by fakes in tests.
+pub trait Fits {
+    fn nranks(&self) -> i32;
+    /// Whether `family` has a kernel for this group, `dtype` and the message's op, and takes it.
+    fn serves(&self, family: Family, dtype: DataType, message: &Message) -> bool;
+}
+
+impl Fits for Group {
+    fn nranks(&self) -> i32 {
+        self.nranks
+    }
+    fn serves(&self, family: Family, dtype: DataType, message: &Message) -> bool {
+        let fits = match message.rows {
+            None => family.fits(message.bytes, self.max_bytes),
+            Some((tokens, hidden)) => family.fused_fits(tokens, hidden, dtype.size(), self.max_bytes, self.nranks),
+        };
+        let op = if message.rows.is_some() { Op::ResidualRmsNorm } else { Op::AllReduce };
+        fits && self.kernels().is_some_and(|k| k.function(family, op, dtype, self.nranks).is_some())
+    }
+}
+
+/// The tensors of one fused all-reduce + residual (+ bias) + RMSNorm.
+#[derive(Clone, Copy, Debug)]
+pub struct FusedCall {
+    pub x: DevicePtr,
+    pub residual: DevicePtr,
+    /// NULL: no bias.
+    pub bias: DevicePtr,
+    pub gamma: DevicePtr,
+    pub residual_out: DevicePtr,
+    pub normed: DevicePtr,
+    pub tokens: u64,
+    pub hidden: u32,
+    pub eps: f32,
+}
+
+impl FusedCall {
+    fn params(&self, ar: EarAllReduceParams) -> EarFusedParams {
+        EarFusedParams {
+            ar,
+            residual: self.residual.as_const(),
+            bias: self.bias.as_const(),
+            gamma: self.gamma.as_const(),
+            residual_out: self.residual_out.as_mut(),
+            normed: self.normed.as_mut(),
+            tokens: self.tokens,
+            hidden: self.hidden,
+            eps: self.eps,
+        }
+    }
+
+    /// Residual + bias + RMSNorm alone, on `x_reduced` (already summed by NCCL, or one rank),
+    /// with `kernels` of the current device.
+    ///
+    /// # Safety
+    /// Every address must be a 16-byte aligned device buffer of the current device of the
+    /// described size; `x_reduced` may equal `normed`.
+    pub unsafe fn launch_norm(&self, kernels: &DeviceKernels, dtype: DataType, x_reduced: DevicePtr, stream: Stream) -> Result<()> {
+        let f = kernels.norm(dtype).ok_or_else(|| Error::NoKernel(family::norm_kernel_name(dtype)))?;
+        // The kernel reads only ar.input and ar.count of `ar`.
+        let ar = EarAllReduceParams {
+            peer_ws: [std::ptr::null_mut(); crate::contract::EAR_MAX_RANKS],
+            state: std::ptr::null_mut(),
+            input: x_reduced.as_const(),
+            output: std::ptr::null_mut(),
+            count: self.tokens * self.hidden as u64,
+            ws_max_bytes: 0,
+            rank: 0,
+            nranks: 0,
+        };
+        let (grid, block) = family::norm_grid_block(self.tokens, self.hidden, dtype.size(), kernels.sm_count);
+        // SAFETY: the caller's buffers, the kernel's own parameter block.
+        unsafe { cuda::launch(f, grid, block, stream, &self.params(ar), kernels.pdl) }
+    }
+}
+
+impl Group {
+    /// Whether `family` has a plain all-reduce kernel for this group and `dtype`, and takes `bytes`.
+    pub fn serves_bytes(&self, family: Family, dtype: DataType, bytes: u64) -> bool {
+        self.serves(family, dtype, &Message { bytes, rows: None })
+    }
+
+    /// Rank `rank`'s kernels and its part of the parameters of one call.
+    fn rank_params(&self, rank: i32, input: DevicePtr, output: DevicePtr, count: u64) -> Result<(&DeviceKernels, EarAllReduceParams)> {
+        let member = self.member(rank)?;
+        let params = EarAllReduceParams {
+            peer_ws: self.peer_ws.map(DevicePtr::as_mut),
+            state: member.state.ptr().as_mut(),
+            input: input.as_const(),
+            output: output.as_mut(),
+            count,
+            ws_max_bytes: self.max_bytes,
+            rank,
+            nranks: self.nranks,
+        };
+        Ok((&member.kernels, params))
+    }
+
+    /// Enqueues rank `rank`'s part of one all-reduce on `stream` (a stream of that rank's device).
+    ///
+    /// # Safety
+    /// `input` and `output` must be 16-byte aligned device buffers of `count` elements on the
+    /// rank's device, and every rank of the group must enqueue the same call (family, dtype,
+    /// count) in the same order.
+    #[allow(clippy::too_many_arguments)] // one call's operands, as enqueue receives them
+    pub unsafe fn launch(&self, rank: i32, family: Family, dtype: DataType, input: DevicePtr, output: DevicePtr, count: usize, stream: Stream) -> Result<()> {
+        let (kernels, params) = self.rank_params(rank, input, output, count as u64)?;
+        let op = Op::AllReduce;
+        let f = kernels.function(family, op, dtype, self.nranks).ok_or_else(|| Error::NoKernel(family::kernel_name(family, op, dtype, self.nranks)))?;
+        let vecs = (params.count * dtype.size() as u64).div_ceil(16);
+        let (grid, block) = family.grid_block(vecs, self.nranks, self.max_blocks);
+        // SAFETY: the caller's buffers; the workspaces and state block are the group's, alive
+        // while `self` is.
+        unsafe { cuda::launch(f, grid, block, stream, &params, kernels.pdl) }
+    }
+
+    /// Enqueues rank `rank`'s part of one fused all-reduce + residual + RMSNorm.
+    ///
+    /// # Safety
+    /// As [`Group::launch`], for every tensor of `call`.
+    pub unsafe fn launch_fused(&self, rank: i32, family: Family, dtype: DataType, call: &FusedCall, stream: Stream) -> Result<()> {
+        let (kernels, ar) = self.rank_params(rank, call.x, DevicePtr::NULL, call.tokens * call.hidden as u64)?;
+        let op = Op::ResidualRmsNorm;
+        let f = kernels.function(family, op, dtype, self.nranks).ok_or_else(|| Error::NoKernel(family::kernel_name(family, op, dtype, self.nranks)))?;
+        let (grid, block) = family.fused_grid_block(call.tokens, call.hidden, dtype.size(), self.max_blocks);
+        // SAFETY: as in launch.
+        unsafe { cuda::launch(f, grid, block, stream, &call.params(ar), kernels.pdl) }
+    }
+}
