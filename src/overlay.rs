@@ -72,6 +72,13 @@ pub(crate) fn load(preloaded: Option<&Path>) -> Option<&'static Base> {
     STATE
         .get_or_init(|| {
             let own = loader::this_object();
+            if own.as_ref().is_some_and(|(file, _)| is_the_program(file)) {
+                // Linked into a program (the benchmark, the Rust tests), not loaded as the plugin
+                // library a runtime names: there is no plugin file to stand in for.
+                let why = "this library is linked into the program, not loaded as its plugin library: no overlay";
+                log::verbose(why);
+                return State { base: None, absent: why.to_owned() };
+            }
             let setting = std::env::var_os(BASE_ENV);
             let beside = own.as_ref().and_then(|(file, _)| Some(file.parent()?.join(BASE_FILE_NAME)));
             let source = choose(setting.as_deref(), preloaded, beside);
@@ -195,6 +202,12 @@ fn open(source: &Source, own: usize) -> std::result::Result<Base, String> {
     Ok(Base { path: path.clone(), address, api, _library: library })
 }
 
+/// Whether `file` (as the loader names an object) is the running program itself.
+fn is_the_program(file: &Path) -> bool {
+    let canonical = |p: &Path| std::fs::canonicalize(p).ok();
+    std::env::current_exe().ok().and_then(|exe| canonical(&exe)).is_some_and(|exe| canonical(file) == Some(exe))
+}
+
 /// The TensorRT runtime a library file needs (its `libnvinfer.so.N` DT_NEEDED entry), read
 /// without loading it; None if it needs none or is not an ELF file.
 fn needed_tensorrt(path: &Path) -> Option<String> {
@@ -296,6 +309,16 @@ mod tests {
         let libc_path = loader::object_of(libc::malloc as *const () as usize).unwrap().0;
         assert_eq!(needed_tensorrt(&libc_path), None);
         assert_eq!(needed_tensorrt(Path::new("/nonexistent/lib.so")), None);
+    }
+
+    #[test]
+    fn linked_into_a_program_there_is_no_overlay() {
+        // The unit tests link this code into their executable.
+        assert!(is_the_program(&loader::this_object().unwrap().0));
+        assert!(base().is_none());
+        assert!(STATE.get().unwrap().absent.contains("linked into the program"));
+        let libc_path = loader::object_of(libc::malloc as *const () as usize).unwrap().0;
+        assert!(!is_the_program(&libc_path));
     }
 
     #[test]
