@@ -88,8 +88,13 @@ pub(crate) fn load(preloaded: Option<&Path>) -> Option<&'static Base> {
                     "Edge-LLM's plugin library {} serves every plugin but AllReducePlugin, which this library serves",
                     base.path.display()
                 )),
-                Err(why) if source == Source::Off => log::info(why),
-                Err(why) => log::warning(why),
+                Err(why) => match source {
+                    Source::Off => log::info(why),
+                    // Nothing installed: this library alone is a working install, said once.
+                    Source::Missing(_) => log::warning(why),
+                    // A base was named or installed and cannot serve: a configuration error.
+                    _ => log::error(why),
+                },
             }
             match outcome {
                 Ok(base) => State { base: Some(base), absent: String::new() },
