@@ -1,7 +1,7 @@
-// twoshot_wide.cu: two-shot all-reduce for 4 and more ranks, pull flavour, flag barriers
+// twoshot_wide.cu: two-shot all-reduce for 4 and more ranks, pull flavour, two flag barriers
 // (ear_twoshot_barrier_<t>_n<N>). The 2-rank two-shot (twoshot.cu) pushes through a polled
-// stage; at 4+ ranks a rank has SMs/N CTAs, and the polled stage and gather cost two
-// zeroing passes and a wait per vector that so few CTAs cannot hide (docs/PERFORMANCE.md).
+// stage and gather; at 4+ ranks on simulated ranks it moves 1.5x these bytes (the zeroing
+// of what it polls) with a rank's SMs/N CTAs (docs/PERFORMANCE.md).
 //
 // Protocol (call number seq = State::seq, shared with oneshot.cu and twoshot.cu):
 //   vectors  vecs = ceil(count / E), N segments of seg = ceil(vecs / N) vectors; segment s
@@ -10,54 +10,41 @@
 //            * EAR_ONESHOT_BANK_BYTES(m)), vector i at byte 16*i: a copy of our input in
 //            every segment but ours, and our segment's sum in ours.
 //   Thread t of CTA b handles offsets j = b*512 + t (grid-stride) inside EVERY segment, in
-//   all phases, so it only ever reads what the same-index CTA of each rank wrote. A CTA's
-//   offsets are cut into chunks of rounds (below); for chunk c:
+//   all phases, so it only ever reads what the same-index CTA of each rank wrote:
 //   1. copy     for every s != rank, input vector s*seg+j into our bank (local writes);
-//   2. barrier  cta_barrier(flag_value(seq, 2c));
+//   2. barrier  cta_barrier(flag_value(seq, 0));
 //   3. reduce   our input vector rank*seg+j and bank vector rank*seg+j of every peer (N-1
 //               remote reads), summed in rank order 0..N-1; the sum goes to our output and
-//               into our bank at rank*seg+j;
-//   4. barrier  cta_barrier(flag_value(seq, 2c+1));
-//   5. gather   for every s != rank, bank vector s*seg+j of rank s (its sum) into our output.
-//   Large calls (chunks > 1) also discard, after step 4, the L2 lines of our bank that step 1
-//   wrote (every reader has read them): the lines are rewritten before they are read again,
-//   so their write-back to memory is skipped.
+//               into our bank at rank*seg+j. Last-copied first: its reads then hit the L2
+//               lines step 1 wrote last (simulation, 4 / 8 ranks, 16 MiB: 87.9 / 147.5 us
+//               against 90.9 / 151.0 in copy order);
+//   4. barrier  cta_barrier(flag_value(seq, 1));
+//   5. gather   for every s != rank, bank vector s*seg+j of rank s (its sum) into our output,
+//               in copy order (first the sums step 3 wrote last).
 //   In place: each output vector is written by the thread that read the matching input
 //   vector, after reading it; peers read only our bank.
 //
 // Why bank reuse is safe without an exit barrier: the one-shot's argument (oneshot.cu). Call
 // seq writes bank seq % 2, which peers last read in call seq-2; this call completes on a rank
-// only after every peer has started it (barrier 2c of every chunk), so a peer that starts
-// call seq+2 has seen every rank complete seq+1, hence start it, hence complete seq. Every
-// chunk of a CTA is the same on every rank (rounds depend on seg, the grid and the CTA index
-// only), so the flag values match; at most kFlagsPerCall / 2 chunks per call.
+// only after every peer has started it (barrier 1, which every CTA takes), so a peer that
+// starts call seq+2 has seen every rank complete seq+1, hence start it, hence complete seq.
 //
 // Cost per rank: (N-1)/N*S local copy, 2*(N-1)/N*S NVLink reads (steps 3 and 5), two flag
-// round trips per chunk.
+// round trips. On simulated ranks, where one GPU's memory carries every rank's bytes, the
+// copy is what separates it from peers that reduce registered buffers in place
+// (docs/PERFORMANCE.md).
 #include "common.cuh"
 
 namespace ear {
 
 // What the body does (bits), for the per-stage timings of tools/gpu/twoshot_stages.cu; the
-// kernels run every stage.
+// kernels do all of it.
 constexpr uint32_t kWideCopy = 1, kWideBarrier1 = 2, kWideReduce = 4, kWideBarrier2 = 8, kWideGather = 16;
-// Step 3 walks its rounds last-written first (its bank reads then hit the L2 lines step 1
-// wrote last), step 5 first-written first (the sums step 3 wrote last).
+// Step 3 in reverse order of step 1 (see the protocol).
 constexpr uint32_t kWideLifo = 32;
-// After step 4, discard (no write-back) the bank lines step 1 wrote in the chunk.
-constexpr uint32_t kWideDiscard = 64;
-constexpr uint32_t kWideAll = kWideCopy | kWideBarrier1 | kWideReduce | kWideBarrier2 | kWideGather | kWideLifo | kWideDiscard;
-// Chunks: a chunk of a CTA holds as many rounds (one vector per thread per segment) as keep
-// about ChunkKiB KiB of every rank's bank traffic in flight together (N ranks x N segments x
-// the grid's 512-thread rounds of 16 bytes), at least one; 0: one chunk per call.
-constexpr uint32_t kWideChunkKiB = 16u << 10;
+constexpr uint32_t kWideAll = kWideCopy | kWideBarrier1 | kWideReduce | kWideBarrier2 | kWideGather | kWideLifo;
 
-// discard.global.L2: the 128-byte line's contents become undefined and are not written back.
-__device__ __forceinline__ void discard_l2_line(void* p) {
-  asm volatile("discard.global.L2 [%0], 128;" ::"l"(p) : "memory");
-}
-
-template <typename T, int N, uint32_t ChunkKiB = kWideChunkKiB, uint32_t Opts = kWideAll>
+template <typename T, int N, uint32_t Opts = kWideAll>
 __device__ __forceinline__ void twoshot_wide_body(const EarAllReduceParams& p) {
   check_params<T, N>(p, p.ws_max_bytes);
   pdl_wait();
@@ -73,21 +60,7 @@ __device__ __forceinline__ void twoshot_wide_body(const EarAllReduceParams& p) {
   // Rank r's bank; r is a compile-time index in every caller (unrolled loops).
   const auto bank = [&](int r) { return data_region(p.peer_ws[r]) + bank_off; };
   const uint64_t stride = static_cast<uint64_t>(gridDim.x) * kThreads;
-  const uint64_t cta_first = static_cast<uint64_t>(blockIdx.x) * kThreads;
-  const uint64_t first = cta_first + threadIdx.x;
-
-  // Rounds of this CTA (thread 0's, the most of any of its threads), in chunks.
-  const uint64_t rounds = seg > cta_first ? (seg - cta_first + stride - 1) / stride : 0;
-  uint64_t per = rounds;
-  if (ChunkKiB != 0) {
-    const uint64_t round_bytes = static_cast<uint64_t>(N) * N * stride * EAR_VEC_BYTES;
-    per = (static_cast<uint64_t>(ChunkKiB) << 10) / round_bytes;
-    per = per < 1 ? 1 : per;
-  }
-  constexpr uint64_t kMaxChunks = kFlagsPerCall / 2;
-  if (per * kMaxChunks < rounds) per = (rounds + kMaxChunks - 1) / kMaxChunks;
-  const uint32_t chunks = rounds == 0 ? 0u : static_cast<uint32_t>((rounds + per - 1) / per);
-  const bool discard = (Opts & kWideDiscard) && chunks > 1;
+  const uint64_t first = static_cast<uint64_t>(blockIdx.x) * kThreads + threadIdx.x;
 
   const auto copy_load = [&](uint64_t j) {
     Ranks<N> v;
@@ -125,39 +98,21 @@ __device__ __forceinline__ void twoshot_wide_body(const EarAllReduceParams& p) {
     for (int s = 0; s < N; ++s)
       if (s != rank && s * seg + j < vecs) store_output<T>(p.output, s * seg + j, p.count, v.v[s]);
   };
-  // A line of our bank that step 1 wrote is discarded by the thread of its first vector when
-  // all 8 vectors are this CTA's, in this round and segment (then they are threads t..t+7).
-  const auto discard_lines = [&](uint64_t j) {
-#pragma unroll
-    for (int s = 0; s < N; ++s) {
-      const uint64_t i = s * seg + j;
-      if (s != rank && i % 8 == 0 && j + 7 < seg && i + 7 < vecs && threadIdx.x + 7 < kThreads)
-        discard_l2_line(own_bank + i * 16);
-    }
-  };
 
   constexpr int U = kReduceBatch<N>;
-  for (uint32_t ch = 0; ch < chunks; ++ch) {
-    const uint64_t k0 = ch * per;
-    const uint64_t k1 = k0 + per < rounds ? k0 + per : rounds;
-    const uint64_t end = first + k1 * stride;  // this thread's items of the chunk lie below
-    const uint64_t seg_end = end < seg ? end : seg, own_end = end < own_len ? end : own_len;
-    if (Opts & kWideCopy)
-      for (uint64_t k = k0; k < k1; k += U) batch_step<U>(first + k * stride, stride, seg_end, copy_load, Arrived{}, copy_use);
-    if (Opts & kWideBarrier1) cta_barrier<N>(p, flag_value(c.seq, 2 * ch));
-    if (Opts & kWideReduce) {
-      const uint64_t batches = (k1 - k0 + U - 1) / U;
-      for (uint64_t q = 0; q < batches; ++q) {
-        const uint64_t k = k0 + ((Opts & kWideLifo) ? batches - 1 - q : q) * U;
-        batch_step<U>(first + k * stride, stride, own_end, reduce_load, Arrived{}, reduce_use);
-      }
-    }
-    if (Opts & kWideBarrier2) cta_barrier<N>(p, flag_value(c.seq, 2 * ch + 1));
-    if (discard)
-      for (uint64_t k = k0; k < k1 && first + k * stride < seg; ++k) discard_lines(first + k * stride);
-    if (Opts & kWideGather)
-      for (uint64_t k = k0; k < k1; k += U) batch_step<U>(first + k * stride, stride, seg_end, gather_load, Arrived{}, gather_use);
+  const uint64_t step = U * stride;  // one batch of every thread
+  if (Opts & kWideCopy)
+    for (uint64_t i0 = first; i0 < seg; i0 += step) batch_step<U>(i0, stride, seg, copy_load, Arrived{}, copy_use);
+  if (Opts & kWideBarrier1) cta_barrier<N>(p, flag_value(c.seq, 0));
+  if ((Opts & kWideReduce) && first < own_len) {
+    const uint64_t batches = (own_len - first + step - 1) / step;
+    for (uint64_t b = 0; b < batches; ++b)
+      batch_step<U>(first + ((Opts & kWideLifo) ? batches - 1 - b : b) * step, stride, own_len, reduce_load, Arrived{},
+                    reduce_use);
   }
+  if (Opts & kWideBarrier2) cta_barrier<N>(p, flag_value(c.seq, 1));
+  if (Opts & kWideGather)
+    for (uint64_t i0 = first; i0 < seg; i0 += step) batch_step<U>(i0, stride, seg, gather_load, Arrived{}, gather_use);
   finish_call();
 }
 

@@ -7,8 +7,7 @@
 // Rows per (N, size): the floor (an empty kernel per rank), the one-shot and the 2-rank
 // two-shot (twoshot.cu) as the library runs them, the 4+ rank two-shot (twoshot_wide.cu) as
 // the library runs it ("wide"), its stages cumulatively (copy; + barrier; + reduce; +
-// barrier; = unchunked, every stage), and its variants: reduce in forward order (no LIFO),
-// chunks of 4 / 8 / 16 / 32 MiB with and without the L2 discard.
+// barrier; + gather = wide), and its reduce in copy order instead of reverse ("w:fifo").
 //
 // Built by tools/gpu/stage.sh (or: nvcc -O3 -std=c++17 -arch=sm_90 tools/gpu/twoshot_stages.cu);
 // usage: twoshot_stages [--ranks 4,8] [--sizes 256K,1M,4M,16M,64M] [--replays 5] [--batches 10]
@@ -16,15 +15,15 @@
 #include "../../tests/gpu/kernels/sim_common.cuh"
 
 using ear::kWideAll;
-constexpr uint32_t kNoLifo = kWideAll & ~ear::kWideLifo, kNoDiscard = kWideAll & ~ear::kWideDiscard;
+constexpr uint32_t kNoLifo = kWideAll & ~ear::kWideLifo;
 constexpr uint32_t kCopy = ear::kWideCopy | ear::kWideLifo;
 constexpr uint32_t kCopyB1 = kCopy | ear::kWideBarrier1;
 constexpr uint32_t kCopyB1R = kCopyB1 | ear::kWideReduce;
 constexpr uint32_t kCopyB1RB2 = kCopyB1R | ear::kWideBarrier2;
 
-template <int N, uint32_t ChunkKiB, uint32_t Opts>
+template <int N, uint32_t Opts>
 __global__ void __launch_bounds__(EAR_BLOCK_THREADS, 1) wide_variant(const EarAllReduceParams p) {
-  ear::twoshot_wide_body<__nv_bfloat16, N, ChunkKiB, Opts>(p);
+  ear::twoshot_wide_body<__nv_bfloat16, N, Opts>(p);
 }
 __global__ void empty_rank(const EarAllReduceParams) {}
 
@@ -43,25 +42,17 @@ struct Row {
   Grid grid;
   bool full;  // every stage: compared with the one-shot's output
 };
-#define WV(K, O) (const void*)wide_variant<4, K, O>, (const void*)wide_variant<8, K, O>
+#define WV(O) (const void*)wide_variant<4, O>, (const void*)wide_variant<8, O>
 static const Row kRows[] = {
     {"floor", (const void*)empty_rank, (const void*)empty_rank, G_NONE, false},
     {"oneshot", (const void*)ear_oneshot_barrier_bf16_n4, (const void*)ear_oneshot_barrier_bf16_n8, G_ONESHOT, true},
     {"twoshot_polled", (const void*)ear_twoshot_polled_bf16_n4, (const void*)ear_twoshot_polled_bf16_n8, G_TWOSHOT, true},
     {"wide", (const void*)ear_twoshot_barrier_bf16_n4, (const void*)ear_twoshot_barrier_bf16_n8, G_TWOSHOT, true},
-    {"w:copy", WV(0, kCopy), G_TWOSHOT, false},
-    {"w:copy+b1", WV(0, kCopyB1), G_TWOSHOT, false},
-    {"w:copy+b1+reduce", WV(0, kCopyB1R), G_TWOSHOT, false},
-    {"w:..+b2", WV(0, kCopyB1RB2), G_TWOSHOT, false},
-    {"w:unchunked", WV(0, kWideAll), G_TWOSHOT, true},
-    {"w:unchunked-fifo", WV(0, kNoLifo), G_TWOSHOT, true},
-    {"w:4M", WV(4096, kWideAll), G_TWOSHOT, true},
-    {"w:8M", WV(8192, kWideAll), G_TWOSHOT, true},
-    {"w:8M-nodiscard", WV(8192, kNoDiscard), G_TWOSHOT, true},
-    {"w:16M", WV(16384, kWideAll), G_TWOSHOT, true},
-    {"w:16M-nodiscard", WV(16384, kNoDiscard), G_TWOSHOT, true},
-    {"w:32M", WV(32768, kWideAll), G_TWOSHOT, true},
-    {"w:32M-nodiscard", WV(32768, kNoDiscard), G_TWOSHOT, true},
+    {"w:copy", WV(kCopy), G_TWOSHOT, false},
+    {"w:copy+b1", WV(kCopyB1), G_TWOSHOT, false},
+    {"w:copy+b1+reduce", WV(kCopyB1R), G_TWOSHOT, false},
+    {"w:..+b2", WV(kCopyB1RB2), G_TWOSHOT, false},
+    {"w:fifo", WV(kNoLifo), G_TWOSHOT, true},
 };
 constexpr int kNumRows = sizeof(kRows) / sizeof(kRows[0]);
 

@@ -57,14 +57,13 @@ static void wait_stream(cudaStream_t s) {
   }
 }
 
-// TWOSHOT is the 2-rank two-shot (twoshot.cu), WIDE the 4+ rank one (twoshot_wide.cu) as the
-// library runs it, WIDE_CHUNKED the same body with chunks of 64 KiB (a chunk per round, so
-// every size runs several chunks, their L2 discards and up to the 32-chunk cap).
-enum Fam { ONESHOT = 0, TWOSHOT = 1, LAMPORT = 2, WIDE = 3, WIDE_CHUNKED = 4 };
-constexpr int kFams = 5;
+// TWOSHOT is the 2-rank two-shot (twoshot.cu), WIDE the 4+ rank one (twoshot_wide.cu); both
+// run at every N here.
+enum Fam { ONESHOT = 0, TWOSHOT = 1, LAMPORT = 2, WIDE = 3 };
+constexpr int kFams = 4;
 enum Dt { F32 = 0, F16 = 1, BF16 = 2 };
-static const char* kFamName[] = {"oneshot", "twoshot", "lamport", "twoshot_wide", "twoshot_wide_chunked"};
-static bool is_twoshot(int fam) { return fam == TWOSHOT || fam == WIDE || fam == WIDE_CHUNKED; }
+static const char* kFamName[] = {"oneshot", "twoshot", "lamport", "twoshot_wide"};
+static bool is_twoshot(int fam) { return fam == TWOSHOT || fam == WIDE; }
 static const char* kDtName[] = {"f32", "f16", "bf16"};
 static const int kElemSize[] = {4, 2, 2};
 
@@ -94,16 +93,11 @@ static int n_index(int n) {
    (const void*)KERNEL<T, 8, FAM>, (const void*)KERNEL<T, 16, FAM>}
 #define SIM_TABLE_ROW(KERNEL, FAM) \
   {SIM_ROW(KERNEL, FAM, float), SIM_ROW(KERNEL, FAM, __half), SIM_ROW(KERNEL, FAM, __nv_bfloat16)}
-template <typename T, int N, int FAM>
-__global__ void __launch_bounds__(EAR_BLOCK_THREADS, 1) sim_wide_chunked(const EarAllReduceParams p) {
-  ear::twoshot_wide_body<T, N, 64>(p);
-}
 static const void* kKernels[kFams][3][5] = {
     {EAR_ROW(oneshot_barrier, f32), EAR_ROW(oneshot_barrier, f16), EAR_ROW(oneshot_barrier, bf16)},
     {EAR_ROW(twoshot_polled, f32), EAR_ROW(twoshot_polled, f16), EAR_ROW(twoshot_polled, bf16)},
     {EAR_ROW(oneshot_lamport, f32), EAR_ROW(oneshot_lamport, f16), EAR_ROW(oneshot_lamport, bf16)},
     {EAR_ROW(twoshot_barrier, f32), EAR_ROW(twoshot_barrier, f16), EAR_ROW(twoshot_barrier, bf16)},
-    SIM_TABLE_ROW(sim_wide_chunked, WIDE_CHUNKED),
 };
 
 // ---------------------------------------------------------------------------------------

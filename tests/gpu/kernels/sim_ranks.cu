@@ -30,14 +30,12 @@ __global__ void __launch_bounds__(EAR_BLOCK_THREADS, 1)
   if constexpr (FAM == TWOSHOT) ear::twoshot_body<T, N>(p);
   if constexpr (FAM == LAMPORT) ear::lamport_body<T, N>(p);
   if constexpr (FAM == WIDE) ear::twoshot_wide_body<T, N>(p);
-  if constexpr (FAM == WIDE_CHUNKED) ear::twoshot_wide_body<T, N, 64>(p);
 }
 static const void* kSimKernels[kFams][3][5] = {
     SIM_TABLE_ROW(sim_all_ranks, ONESHOT),
     SIM_TABLE_ROW(sim_all_ranks, TWOSHOT),
     SIM_TABLE_ROW(sim_all_ranks, LAMPORT),
     SIM_TABLE_ROW(sim_all_ranks, WIDE),
-    SIM_TABLE_ROW(sim_all_ranks, WIDE_CHUNKED),
 };
 
 struct CheckResult {
@@ -282,7 +280,7 @@ static void graph_test(Sim& s, int dt, int replays) {
       {LAMPORT, 4097, 0, false, false}, {TWOSHOT, big, 0, true, false},
       {ONESHOT, 1000, 1, true, true},   {WIDE, half, 0, true, false},
       {LAMPORT, mid, 0, true, false},   {ONESHOT, big, 0, false, false},
-      {WIDE_CHUNKED, half, 0, false, true}, {TWOSHOT, 7, 1, true, true},
+      {WIDE, 1000, 3, false, true},     {TWOSHOT, 7, 1, true, true},
       {WIDE, 7, 1, true, true},         {LAMPORT, 1, 1, true, true},
   };
   // Each call gets its own slice of the in/out buffers so all results survive the replay.
@@ -488,8 +486,8 @@ int main(int argc, char** argv) {
           }
     // Paced two-shot (above 8 MiB) on grids small enough that a CTA has more than 64 batches
     // (several per chunk, a short last chunk), and at the workspace limit; the same for the
-    // 4+ rank two-shot (more than 32 chunks' worth of rounds: the chunk cap).
-    for (int fam : {TWOSHOT, WIDE, WIDE_CHUNKED})
+    // 4+ rank two-shot (many batches per thread).
+    for (int fam : {TWOSHOT, WIDE})
       for (int grid : {1, 3})
         for (uint64_t bytes : {uint64_t(8u << 20) + 48, ws_max}) {
           rng = mix64(rng);
