@@ -40,10 +40,11 @@ pub type RankTable<T> = &'static [(i32, &'static [(u64, T)])];
 /// its 2 MiB cap, two-shot from there to 64 MiB (14.9 and 27.6 us at 4 and 8 MiB against
 /// one-shot's 17.3 and 31.1, 52.3 at 16 MiB against 62.4 and NCCL's 76.7), NCCL above (the
 /// workspace rarely goes past 64 MiB). 4 and more ranks: not yet measured on 4 or 8 GPUs. The
-/// fixed costs come from the simulation (Lamport best up to 256 KiB at 4 ranks, 64 KiB at 8),
+/// Lamport bounds come from the simulation (Lamport best up to 256 KiB at 4 ranks, 64 KiB at 8),
 /// the one-shot / two-shot crossover from the bytes each pulls over the links, (N-1)*S against
-/// 2(N-1)/N*S: at ~360 GB/s the two-shot's second barrier and phase (~2.5 us) pay for
-/// themselves from ~600 KB at 4 ranks and ~170 KB at 8 (vLLM switches at 512 KB and 256 KB).
+/// 2(N-1)/N*S: at ~360 GB/s the two-shot's second barrier and gather (~3 us at 256 KiB in the
+/// simulation's stage timings) pay for themselves from ~700 KB at 4 ranks and ~200 KB at 8
+/// (vLLM switches at 512 KB and 256 KB). docs/PERFORMANCE.md, "Four and eight ranks".
 pub const AUTO_TABLE: RankTable<Option<Family>> = &[
     (
         2,
@@ -62,12 +63,13 @@ pub const AUTO_TABLE: RankTable<Option<Family>> = &[
 /// AUTO's table when every rank is on one device ([`Fits::one_device`]: simulated ranks). There
 /// one GPU's memory carries every byte of every rank, the local copy into the workspace
 /// included, and a one-shot's N reads of each bank line are mostly one (the ranks read it from
-/// L2 together), so the one-shot moves about 4*S per rank where the links see (N-1)*S, and the
-/// two-shot (4.25-4.1)*S where the links see 2(N-1)/N*S. Measured on one H200, bf16, 20 ops per
-/// graph (docs/runs/2026-12-01-h200-perf48-*): 2 ranks Lamport to 1 MiB, one-shot above (9.9
-/// against the two-shot's 11.2 us at 4 MiB, 142 against 201 at 64 MiB); 4 ranks Lamport to
-/// 256 KiB, one-shot above (306 against 327 us at 64 MiB); 8 ranks Lamport to 64 KiB, one-shot
-/// to 512 KiB, two-shot above (17.2 against 17.8 us at 1 MiB, 606 against 743 at 64 MiB).
+/// L2 together), so the one-shot and the 4+ rank two-shot both move about 4*S per rank, where
+/// the links see (N-1)*S and 2(N-1)/N*S. Measured on one H200, bf16, 20 ops per
+/// graph (docs/runs/2026-12-01-h200-perf48-c2.txt): 2 ranks Lamport to 1 MiB, one-shot above
+/// (6.9 against Lamport's 7.1 us at 2 MiB, 140 against the two-shot's 204 at 64 MiB); 4 ranks
+/// Lamport to 256 KiB, one-shot above (304 against 327 us at 64 MiB); 8 ranks Lamport to 64
+/// KiB, one-shot to 512 KiB, two-shot above (16.9 against 18.2 us at 1 MiB, 566 against 743 at
+/// 64 MiB). AUTO there is within 1% of the best family at every size of that run.
 pub const ONE_DEVICE_AUTO_TABLE: RankTable<Option<Family>> = &[
     (
         2,
@@ -133,8 +135,8 @@ pub const FUSED_AUTO_TABLE: RankTable<FusedChoice> = &[
 ];
 
 /// AUTO's table for the fused op when every rank is on one device: the fused one-shot from the
-/// Lamport cap up (simulation, 4 / 8 ranks, 2-8 MiB: 23.1-79.5 / 49.6-164 us against the split
-/// two-shot's 29.4-98.9 / 50.6-174; docs/runs/2026-12-01-h200-perf48-*).
+/// Lamport bound up (simulation, 4 / 8 ranks, 2-8 MiB: 23.2-79.4 / 49.7-164 us against our
+/// all-reduce then the norm kernel's 26.0-90.4 / 50.3-165; docs/runs/2026-12-01-h200-perf48-c2.txt).
 pub const ONE_DEVICE_FUSED_AUTO_TABLE: RankTable<FusedChoice> = &[
     (
         2,
