@@ -1,7 +1,7 @@
 // twoshot_wide.cu: two-shot all-reduce for 4 and more ranks, pull flavour, two flag barriers
 // (ear_twoshot_barrier_<t>_n<N>). The 2-rank two-shot (twoshot.cu) pushes through a polled
-// stage and gather; at 4+ ranks on simulated ranks, with a rank's SMs/N CTAs, that moves
-// 1.4x these bytes (the zeroing of what it polls) and took 1.3-1.6x as long from 4 MiB
+// stage and gather; at 4+ ranks on simulated ranks, with a rank's SMs/N CTAs, it moves 1.4x
+// the bytes of this one (it zeroes what it polls) and took 1.3-1.6x as long from 4 MiB
 // (docs/PERFORMANCE.md).
 //
 // Protocol (call number seq = State::seq, shared with oneshot.cu and twoshot.cu):
