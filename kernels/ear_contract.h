@@ -8,12 +8,13 @@
 
 #include <stdint.h>
 
-// Names the kernels' cross-rank protocol and the exchange record's layout ("EAR4" read as
+// Names the kernels' cross-rank protocol and the exchange record's layout ("EAR5" read as
 // big-endian bytes). Ranks running builds with different ids never form a group: each
 // rejects the other's records, so all fall back to NCCL together instead of waiting on each
 // other in kernels whose protocols no longer match. "EAR4": flag values
 // `flag_value(seq, i) = 64*seq + i + 1` (the two-shot above 8 MiB publishes one flag per chunk).
-#define EAR_PROTOCOL_ID 1161908788
+// "EAR5": the two-shot at 4 and more ranks pulls between flag barriers (twoshot_wide.cu).
+#define EAR_PROTOCOL_ID 1161908789
 
 // Most ranks a kernel serves (the size of `peer_ws`).
 #define EAR_MAX_RANKS 16

@@ -5,12 +5,13 @@
 
 use std::ffi::c_void;
 
-/// Names the kernels' cross-rank protocol and the exchange record's layout ("EAR4" read as
+/// Names the kernels' cross-rank protocol and the exchange record's layout ("EAR5" read as
 /// big-endian bytes). Ranks running builds with different ids never form a group: each
 /// rejects the other's records, so all fall back to NCCL together instead of waiting on each
 /// other in kernels whose protocols no longer match. "EAR4": flag values
 /// `flag_value(seq, i) = 64*seq + i + 1` (the two-shot above 8 MiB publishes one flag per chunk).
-pub const EAR_PROTOCOL_ID: u32 = 0x4541_5234;
+/// "EAR5": the two-shot at 4 and more ranks pulls between flag barriers (twoshot_wide.cu).
+pub const EAR_PROTOCOL_ID: u32 = 0x4541_5235;
 
 /// Most ranks a kernel serves (the size of `peer_ws`).
 pub const EAR_MAX_RANKS: usize = 16;
@@ -94,7 +95,7 @@ mod tests {
     }
 
     #[test]
-    fn the_protocol_id_reads_ear4() {
-        assert_eq!(&EAR_PROTOCOL_ID.to_be_bytes(), b"EAR4");
+    fn the_protocol_id_reads_ear5() {
+        assert_eq!(&EAR_PROTOCOL_ID.to_be_bytes(), b"EAR5");
     }
 }

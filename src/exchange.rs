@@ -157,7 +157,7 @@ mod tests {
         assert!(Record::decode(&[0u8; RECORD_BYTES]).is_none(), "no magic, no record");
         assert!(Record::decode(&[0u8; 8]).is_none());
         let mut older = record(1).encode();
-        older[0..4].copy_from_slice(&0x4541_5232u32.to_le_bytes()); // "EAR2": two-shot with a barrier
+        older[0..4].copy_from_slice(&0x4541_5234u32.to_le_bytes()); // "EAR4": a polled two-shot at 4+ ranks
         assert!(Record::decode(&older).is_none(), "a build with the previous kernel protocol");
     }
 

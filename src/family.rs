@@ -17,8 +17,9 @@ pub(crate) const TYPES: [DataType; 3] = [DataType::Float, DataType::Half, DataTy
 pub enum Family {
     /// Every rank stages its input, one barrier, every rank reads all peers and reduces.
     OneShot,
-    /// Polled (Lamport) reduce-scatter, then a polled all-gather (above 8 MiB paced by
-    /// per-chunk flags, pipelined): 2(N-1)/N of the data over the links.
+    /// Reduce-scatter, then all-gather: 2(N-1)/N of the data over the links. 2 ranks: pushed
+    /// through a polled (Lamport) stage and gather (above 8 MiB paced by per-chunk flags,
+    /// pipelined); 4 and more: a local copy, then pulled between two flag barriers per chunk.
     TwoShot,
     /// Push one-shot whose payload is its own arrival flag: no barrier (small messages).
     Lamport,
@@ -36,14 +37,16 @@ pub enum Op {
 impl Family {
     pub const ALL: [Family; 3] = [Family::OneShot, Family::TwoShot, Family::Lamport];
 
-    /// The stem of the family's kernel names, `<algorithm>_<sync>[_norm]`: `ear_<stem>_<t>_n<N>`
-    /// (the `EAR_DEFINE_*KERNEL` lines at the end of its `.cu`).
-    pub(crate) fn stem(self, op: Op) -> &'static str {
+    /// The stem of the family's kernel names for `nranks` ranks, `<algorithm>_<sync>[_norm]`:
+    /// `ear_<stem>_<t>_n<N>` (the `EAR_DEFINE_*KERNEL` lines at the end of its `.cu`).
+    pub(crate) fn stem(self, op: Op, nranks: i32) -> &'static str {
         match (self, op) {
             // Stage, one flag barrier, pull (oneshot.cu).
             (Family::OneShot, Op::AllReduce) => "oneshot_barrier",
             // Data polled like Lamport's, above 8 MiB paced by per-chunk flags (twoshot.cu).
-            (Family::TwoShot, Op::AllReduce) => "twoshot_polled",
+            (Family::TwoShot, Op::AllReduce) if nranks <= 2 => "twoshot_polled",
+            // Local copy, pull between two flag barriers per chunk (twoshot_wide.cu).
+            (Family::TwoShot, Op::AllReduce) => "twoshot_barrier",
             // Push, the payload its own flag: no barrier (lamport.cu).
             (Family::Lamport, Op::AllReduce) => "oneshot_lamport",
             // The fused kernels (oneshot_norm.cu, twoshot_norm.cu, lamport_norm.cu): one barrier,
@@ -111,7 +114,7 @@ impl Family {
 
 /// `ear_<stem>_<t>_n<N>`: the name of a family's kernel.
 pub(crate) fn kernel_name(family: Family, op: Op, dtype: DataType, nranks: i32) -> String {
-    format!("ear_{}_{}_n{nranks}", family.stem(op), type_suffix(dtype))
+    format!("ear_{}_{}_n{nranks}", family.stem(op, nranks), type_suffix(dtype))
 }
 
 /// `ear_residual_rmsnorm_<t>`: residual + bias + RMSNorm alone (after NCCL, or one rank). It
@@ -188,7 +191,8 @@ mod tests {
     fn kernel_names_say_algorithm_and_sync() {
         assert_eq!(kernel_name(Family::Lamport, Op::AllReduce, DataType::Bf16, 8), "ear_oneshot_lamport_bf16_n8");
         assert_eq!(kernel_name(Family::OneShot, Op::ResidualRmsNorm, DataType::Half, 2), "ear_oneshot_barrier_norm_f16_n2");
-        assert_eq!(kernel_name(Family::TwoShot, Op::AllReduce, DataType::Float, 16), "ear_twoshot_polled_f32_n16");
+        assert_eq!(kernel_name(Family::TwoShot, Op::AllReduce, DataType::Float, 2), "ear_twoshot_polled_f32_n2");
+        assert_eq!(kernel_name(Family::TwoShot, Op::AllReduce, DataType::Float, 16), "ear_twoshot_barrier_f32_n16");
         assert_eq!(norm_kernel_name(DataType::Float), "ear_residual_rmsnorm_f32");
     }
 

@@ -24,11 +24,20 @@ pub trait Fits {
     fn nranks(&self) -> i32;
     /// Whether `family` has a kernel for this group, `dtype` and the message's op, and takes it.
     fn serves(&self, family: Family, dtype: DataType, message: &Message) -> bool;
+    /// Whether every rank is on one device (simulated ranks): then that device's memory, not
+    /// the links between GPUs, carries every byte (AUTO's tables differ: `crate::strategy`).
+    fn one_device(&self) -> bool {
+        false
+    }
 }
 
 impl Fits for Group {
     fn nranks(&self) -> i32 {
         self.nranks
+    }
+    fn one_device(&self) -> bool {
+        let device = self.members.first().and_then(Option::as_ref).map(|m| m.device);
+        device.is_some() && self.members.iter().all(|m| m.as_ref().map(|m| m.device) == device)
     }
     fn serves(&self, family: Family, dtype: DataType, message: &Message) -> bool {
         let fits = match message.rows {

@@ -2,12 +2,14 @@
 //!
 //! Every rank of a communicator must take the same path for the same call, so the choice is a
 //! pure function of what all ranks share: the plugin's fields (or the environment override),
-//! the message size, the group's rank count and workspace, and the tensor alignment (TensorRT
-//! lays out the same engine identically on every rank).
+//! the message size, the group's rank count, workspace and devices (separate GPUs, or all on
+//! one), and the tensor alignment (TensorRT lays out the same engine identically on every rank).
 //!
-//! AUTO picks from [`AUTO_TABLE`], by rank count and message size; a family that cannot serve a
-//! call (message over its workspace, unaligned tensors, no group) falls back to the next larger
-//! family, then to NCCL. A forced strategy that cannot run falls back to NCCL.
+//! AUTO picks from [`AUTO_TABLE`] (ranks on separate GPUs) or [`ONE_DEVICE_AUTO_TABLE`] (all on
+//! one device: simulated ranks, where memory instead of the links carries the bytes), by rank
+//! count and message size; a family that cannot serve a call (message over its workspace,
+//! unaligned tensors, no group) falls back to the next larger family, then to NCCL. A forced
+//! strategy that cannot run falls back to NCCL.
 
 pub use crate::config::Requested;
 use crate::family::Family;
@@ -30,16 +32,19 @@ pub fn requested(config: &PluginConfig) -> Requested {
 pub type RankTable<T> = &'static [(i32, &'static [(u64, T)])];
 
 /// AUTO's choice by rank count (first row whose bound is >= the group's ranks) and message size
-/// (first entry whose bound is >= the bytes); `None` is NCCL.
+/// (first entry whose bound is >= the bytes); `None` is NCCL. For ranks on separate GPUs;
+/// [`ONE_DEVICE_AUTO_TABLE`] when all share one device.
 ///
 /// 2 ranks: measured on 2 x H200 (NV18), bf16, graph replay, 128 CTAs (docs/PERFORMANCE.md,
 /// docs/runs/2026-11-30-2xh200-s2-final-real_g20.txt): Lamport is the fastest family up to
 /// its 2 MiB cap, two-shot from there to 64 MiB (14.9 and 27.6 us at 4 and 8 MiB against
 /// one-shot's 17.3 and 31.1, 52.3 at 16 MiB against 62.4 and NCCL's 76.7), NCCL above (the
-/// workspace rarely goes past 64 MiB). 4 and more ranks: provisional, from the one-GPU
-/// simulation (Lamport best up to 256 KiB at 4 ranks, 32-64 KiB at 8;
-/// docs/runs/2026-11-29-h200-final-sim48-crossovers_g20.txt) and published crossovers (vLLM:
-/// one-shot up to 512 KB at 4 ranks, 256 KB at 8), not yet measured on 4 or 8 real GPUs.
+/// workspace rarely goes past 64 MiB). 4 and more ranks: not yet measured on 4 or 8 GPUs. The
+/// Lamport bounds come from the simulation (Lamport best up to 256 KiB at 4 ranks, 64 KiB at 8),
+/// the one-shot / two-shot crossover from the bytes each pulls over the links, (N-1)*S against
+/// 2(N-1)/N*S: at ~360 GB/s the two-shot's second barrier and gather (~3 us at 256 KiB in the
+/// simulation's stage timings) pay for themselves from ~700 KB at 4 ranks and ~200 KB at 8
+/// (vLLM switches at 512 KB and 256 KB). docs/PERFORMANCE.md, "Four and eight ranks".
 pub const AUTO_TABLE: RankTable<Option<Family>> = &[
     (
         2,
@@ -47,11 +52,36 @@ pub const AUTO_TABLE: RankTable<Option<Family>> = &[
     ),
     (
         4,
-        &[(256 << 10, Some(Family::Lamport)), (1 << 20, Some(Family::OneShot)), (8 << 20, Some(Family::TwoShot)), (u64::MAX, None)],
+        &[(256 << 10, Some(Family::Lamport)), (512 << 10, Some(Family::OneShot)), (8 << 20, Some(Family::TwoShot)), (u64::MAX, None)],
     ),
     (
         16,
         &[(64 << 10, Some(Family::Lamport)), (256 << 10, Some(Family::OneShot)), (8 << 20, Some(Family::TwoShot)), (u64::MAX, None)],
+    ),
+];
+
+/// AUTO's table when every rank is on one device ([`Fits::one_device`]: simulated ranks). There
+/// one GPU's memory carries every byte of every rank, the local copy into the workspace
+/// included, and a one-shot's N reads of each bank line are mostly one (the ranks read it from
+/// L2 together), so the one-shot and the 4+ rank two-shot both move about 4*S per rank, where
+/// the links see (N-1)*S and 2(N-1)/N*S. Measured on one H200, bf16, 20 ops per
+/// graph (docs/runs/2026-12-01-h200-perf48-c2.txt): 2 ranks Lamport to 1 MiB, one-shot above
+/// (6.9 against Lamport's 7.1 us at 2 MiB, 140 against the two-shot's 204 at 64 MiB); 4 ranks
+/// Lamport to 256 KiB, one-shot above (304 against 327 us at 64 MiB); 8 ranks Lamport to 64
+/// KiB, one-shot to 512 KiB, two-shot above (16.9 against 18.2 us at 1 MiB, 566 against 743 at
+/// 64 MiB). AUTO there is within 1% of the best family at every size of that run.
+pub const ONE_DEVICE_AUTO_TABLE: RankTable<Option<Family>> = &[
+    (
+        2,
+        &[(1 << 20, Some(Family::Lamport)), (64 << 20, Some(Family::OneShot)), (u64::MAX, None)],
+    ),
+    (
+        4,
+        &[(256 << 10, Some(Family::Lamport)), (64 << 20, Some(Family::OneShot)), (u64::MAX, None)],
+    ),
+    (
+        16,
+        &[(64 << 10, Some(Family::Lamport)), (512 << 10, Some(Family::OneShot)), (64 << 20, Some(Family::TwoShot)), (u64::MAX, None)],
     ),
 ];
 
@@ -104,17 +134,50 @@ pub const FUSED_AUTO_TABLE: RankTable<FusedChoice> = &[
     ),
 ];
 
+/// AUTO's table for the fused op when every rank is on one device: the fused one-shot from the
+/// Lamport bound up (simulation, 4 / 8 ranks, 2-8 MiB: 23.2-79.4 / 49.7-164 us against our
+/// all-reduce then the norm kernel's 26.0-90.4 / 50.3-165; docs/runs/2026-12-01-h200-perf48-c2.txt).
+pub const ONE_DEVICE_FUSED_AUTO_TABLE: RankTable<FusedChoice> = &[
+    (
+        2,
+        &[
+            (2 << 20, FusedChoice::Fused(Family::Lamport)),
+            (16 << 20, FusedChoice::Fused(Family::OneShot)),
+            (u64::MAX, FusedChoice::Nccl),
+        ],
+    ),
+    (
+        4,
+        &[
+            (256 << 10, FusedChoice::Fused(Family::Lamport)),
+            (16 << 20, FusedChoice::Fused(Family::OneShot)),
+            (u64::MAX, FusedChoice::Nccl),
+        ],
+    ),
+    (
+        16,
+        &[
+            (8 << 10, FusedChoice::Fused(Family::Lamport)),
+            (16 << 20, FusedChoice::Fused(Family::OneShot)),
+            (u64::MAX, FusedChoice::Nccl),
+        ],
+    ),
+];
+
 fn row_of<T: Copy>(table: RankTable<T>, nranks: i32, bytes: u64) -> Option<T> {
     let row = table.iter().find(|(n, _)| nranks <= *n).unwrap_or(&table[table.len() - 1]).1;
     row.iter().find(|(b, _)| bytes <= *b).map(|(_, c)| *c)
 }
 
-/// AUTO's choice for a call, as a fused choice (a plain all-reduce is never split).
-fn auto_choice(nranks: i32, message: &Message) -> FusedChoice {
+/// AUTO's choice for a call, as a fused choice (a plain all-reduce is never split); `one_device`:
+/// every rank on one device (the tables measured so).
+fn auto_choice(nranks: i32, message: &Message, one_device: bool) -> FusedChoice {
     if message.rows.is_some() {
-        row_of(FUSED_AUTO_TABLE, nranks, message.bytes).unwrap_or(FusedChoice::Nccl)
+        let table = if one_device { ONE_DEVICE_FUSED_AUTO_TABLE } else { FUSED_AUTO_TABLE };
+        row_of(table, nranks, message.bytes).unwrap_or(FusedChoice::Nccl)
     } else {
-        match row_of(AUTO_TABLE, nranks, message.bytes).flatten() {
+        let table = if one_device { ONE_DEVICE_AUTO_TABLE } else { AUTO_TABLE };
+        match row_of(table, nranks, message.bytes).flatten() {
             Some(f) => FusedChoice::Fused(f),
             None => FusedChoice::Nccl,
         }
@@ -195,7 +258,7 @@ pub fn choose(requested: Requested, call: &Call, group: Option<&dyn Fits>) -> De
         return decide(Path::Nccl, Some(Fallback::Unaligned));
     }
     // The families to try, smallest first from the one asked for, and how they run.
-    let (first, split) = match (requested, auto_choice(group.nranks(), &call.message)) {
+    let (first, split) = match (requested, auto_choice(group.nranks(), &call.message, group.one_device())) {
         (Requested::Auto, FusedChoice::Nccl) => return decide(Path::Nccl, None),
         (Requested::Auto, FusedChoice::Fused(f)) => (f, false),
         (Requested::Auto, FusedChoice::Split(f)) => (f, true),
@@ -260,6 +323,49 @@ mod tests {
         assert_eq!((d.path, d.fallback), (Path::Nccl, None));
         let d = choose(Requested::Auto, &call(2, 64 << 20), Some(&GROUP2));
         assert_eq!(d.fallback, None, "NCCL above the workspace is AUTO's choice, not a fallback");
+    }
+
+    /// The same group with every rank on one device (simulated ranks).
+    struct OneDevice(Fake);
+    impl Fits for OneDevice {
+        fn nranks(&self) -> i32 {
+            self.0.nranks
+        }
+        fn serves(&self, family: Family, dtype: DataType, m: &Message) -> bool {
+            self.0.serves(family, dtype, m)
+        }
+        fn one_device(&self) -> bool {
+            true
+        }
+    }
+
+    #[test]
+    fn ranks_on_one_device_follow_the_table_measured_there() {
+        let at = |n: i32, bytes: u64, one: bool| {
+            let g = Fake { nranks: n, max_bytes: 64 << 20 };
+            let c = call(n, bytes);
+            if one { choose(Requested::Auto, &c, Some(&OneDevice(g))).path } else { choose(Requested::Auto, &c, Some(&g)).path }
+        };
+        let custom = Path::Custom;
+        assert_eq!(at(2, 1 << 20, true), custom(Family::Lamport));
+        assert_eq!(at(2, 4 << 20, true), custom(Family::OneShot));
+        assert_eq!(at(2, 4 << 20, false), custom(Family::TwoShot), "separate GPUs: the links favour the two-shot");
+        assert_eq!(at(4, 256 << 10, true), custom(Family::Lamport));
+        assert_eq!(at(4, 64 << 20, true), custom(Family::OneShot));
+        assert_eq!(at(4, 1 << 20, false), custom(Family::TwoShot));
+        assert_eq!(at(4, 512 << 10, false), custom(Family::OneShot));
+        assert_eq!(at(8, 64 << 10, true), custom(Family::Lamport));
+        assert_eq!(at(8, 512 << 10, true), custom(Family::OneShot));
+        assert_eq!(at(8, 1 << 20, true), custom(Family::TwoShot));
+        assert_eq!(at(8, 64 << 20, true), custom(Family::TwoShot));
+        assert_eq!(at(8, 64 << 20, false), Path::Nccl);
+        let fused = |n: i32, one: bool| {
+            let c = Call { tp_size: n, dtype: DataType::Bf16, message: Message { bytes: 512 * 8192 * 2, rows: Some((512, 8192)) }, aligned: true };
+            let g = Fake { nranks: n, max_bytes: 64 << 20 };
+            if one { choose(Requested::Auto, &c, Some(&OneDevice(g))).path } else { choose(Requested::Auto, &c, Some(&g)).path }
+        };
+        assert_eq!(fused(4, true), custom(Family::OneShot));
+        assert_eq!(fused(4, false), Path::Split(Family::TwoShot));
     }
 
     #[test]

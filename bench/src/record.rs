@@ -2,7 +2,7 @@
 //! per (mode, ranks, dtype, shape, strategy); the CSV file (written as the run goes, read back
 //! by the `plot` and `table` subcommands) and the text table.
 
-use crate::stats::{busbw_gbps, fmt_bytes, simbw_gbps};
+use crate::stats::{busbw_gbps, fmt_bytes, sim_rank_bytes};
 use serde::{Deserialize, Serialize, Serializer};
 use std::fmt::Write as _;
 
@@ -37,8 +37,8 @@ impl Status {
 pub const FLOOR: &str = "floor";
 pub const COPY: &str = "copy";
 
-/// One row of the CSV; the columns are the fields, in order (`shape` and `graph_ops`, the last
-/// two, may be missing from older files).
+/// One row of the CSV; the columns are the fields, in order (`shape`, `graph_ops` and
+/// `rank_bytes`, the last three, may be missing from older files).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Record {
     pub mode: String,
@@ -63,7 +63,8 @@ pub struct Record {
     pub algbw_gbps: Option<f64>,
     #[serde(rename = "busbw_GBps", serialize_with = "decimals3")]
     pub busbw_gbps: Option<f64>,
-    /// Simulation only: (N+1)·S/t over the copy roofline of the run.
+    /// Simulation only: N·rank_bytes/t over the copy roofline of the run (the time the path's
+    /// memory traffic takes at the roofline, over the time measured).
     #[serde(serialize_with = "decimals4")]
     pub roof_frac: Option<f64>,
     pub replays: u32,
@@ -77,6 +78,10 @@ pub struct Record {
     /// Ops captured back to back in each graph (`--graph-ops`); the time is per op.
     #[serde(default = "one")]
     pub graph_ops: u32,
+    /// Simulation only: bytes one rank's kernel reads plus writes in memory on the path taken
+    /// (`stats::sim_rank_bytes`); empty elsewhere, and in older files.
+    #[serde(default, serialize_with = "decimals0")]
+    pub rank_bytes: Option<f64>,
 }
 
 fn one() -> u32 {
@@ -92,6 +97,9 @@ fn decimals3<S: Serializer>(v: &Option<f64>, s: S) -> Result<S::Ok, S::Error> {
 }
 fn decimals4<S: Serializer>(v: &Option<f64>, s: S) -> Result<S::Ok, S::Error> {
     decimals(v, 4, s)
+}
+fn decimals0<S: Serializer>(v: &Option<f64>, s: S) -> Result<S::Ok, S::Error> {
+    decimals(v, 0, s)
 }
 
 impl Record {
@@ -114,6 +122,7 @@ impl Record {
             replays: 0,
             batches: 0,
             graph_ops: 1,
+            rank_bytes: None,
             device: device.into(),
             note: String::new(),
             shape: String::new(),
@@ -126,7 +135,8 @@ impl Record {
             self.algbw_gbps = Some(crate::stats::algbw_gbps(self.bytes, t));
             self.busbw_gbps = Some(busbw_gbps(self.bytes, t, self.ranks));
             if let Some(roof) = roof_gbps.filter(|r| *r > 0.0) {
-                self.roof_frac = Some(simbw_gbps(self.bytes, t, self.ranks) / roof);
+                self.rank_bytes = sim_rank_bytes(&self.path, self.bytes, self.ranks);
+                self.roof_frac = self.rank_bytes.map(|b| self.ranks as f64 * b / (t * 1e-6) / 1e9 / roof);
             }
         }
     }
@@ -145,9 +155,9 @@ impl Record {
 pub fn parse_csv(text: &str) -> anyhow::Result<Vec<Record>> {
     let mut reader = csv::Reader::from_reader(text.as_bytes());
     let headers = reader.headers()?.clone();
-    // Every column but the two optional ones must be there, even in a file without rows.
+    // Every column but the three optional ones must be there, even in a file without rows.
     let columns = columns();
-    if let Some(missing) = columns[..columns.len() - 2].iter().find(|c| !headers.iter().any(|h| h == c.as_str())) {
+    if let Some(missing) = columns[..columns.len() - 3].iter().find(|c| !headers.iter().any(|h| h == c.as_str())) {
         anyhow::bail!("CSV has no column '{missing}'");
     }
     let mut out = Vec::new();
@@ -337,6 +347,9 @@ pub fn table(records: &[Record]) -> String {
             }
             out.push('\n');
         }
+        if sim {
+            traffic_block(&mut out, &group, &names);
+        }
         let bad: Vec<&&Record> = group.iter().filter(|r| matches!(r.status, Status::Failed | Status::Error)).collect();
         for r in bad {
             let _ = writeln!(out, "  {} {} at {}: {}", r.strategy, r.status.name(), fmt_bytes(r.bytes), r.note);
@@ -349,6 +362,26 @@ pub fn table(records: &[Record]) -> String {
         out.push_str(FUSED_LEGEND);
     }
     out
+}
+
+/// Simulation: per size and row, the memory traffic of one rank on the path taken and the
+/// fraction of the copy roofline it reached (so the gap to the memory limit shows per row).
+fn traffic_block(out: &mut String, group: &[&Record], names: &[String]) {
+    let _ = writeln!(out, "{:>10} per rank: bytes read + written in memory on the path taken · roofline fraction", "traffic");
+    let mut sizes: Vec<u64> = group.iter().filter(|r| r.rank_bytes.is_some()).map(|r| r.bytes).collect();
+    sizes.sort_unstable();
+    sizes.dedup();
+    for bytes in sizes {
+        let _ = write!(out, "{:>10}", fmt_bytes(bytes));
+        for n in names {
+            let r = group.iter().find(|r| r.bytes == bytes && &r.strategy == n && r.status == Status::Ok);
+            let c = r.and_then(|r| r.rank_bytes.zip(r.roof_frac)).map_or(String::new(), |(b, f)| {
+                format!("{} {:.0}%", crate::stats::fmt_bytes_short(b), f * 100.0)
+            });
+            let _ = write!(out, " {c:>10}");
+        }
+        out.push('\n');
+    }
 }
 
 /// Sort key of a fused row: tokens, hidden, bias (from the shape), else bytes.
@@ -423,8 +456,10 @@ fn fused_block(out: &mut String, group: &[&Record], names: &[String], floor: Opt
 const LEGEND: &str = "
 µs per all-reduce, median of the graph-replay batches. auto/plugin: + the path taken (L lamport, 1s oneshot,
 2s twoshot, N nccl). -: not applicable (the CSV's note says why). best: the fastest of nccl/oneshot/twoshot/lamport;
-busbw = S/t·2(N-1)/N of the best; roof% (sim): (N+1)·S/t of the best over the copy roofline; auto/best: AUTO's time
-over the best's. p10/p90, eager times and bandwidths of every row are in the CSV.
+busbw = S/t·2(N-1)/N of the best; roof% (sim): the best row's memory traffic (N ranks × its bytes per rank) per
+second over the copy roofline; auto/best: AUTO's time over the best's. traffic (sim): per row, the bytes one rank
+reads + writes in memory on the path taken (nominal: every access once, no L2 reuse) and that roofline fraction.
+p10/p90, eager times and bandwidths of every row are in the CSV.
 ";
 
 const FUSED_LEGEND: &str = "
@@ -480,10 +515,13 @@ mod tests {
 
     #[test]
     fn bandwidth_columns() {
-        let r = rec("twoshot", 1_000_000, Some(1.0), Status::Ok);
+        let mut r = rec("twoshot", 1_000_000, Some(1.0), Status::Ok);
+        r.path = "twoshot".into();
+        r.derive_bandwidths(Some(4000.0));
         assert!((r.algbw_gbps.unwrap() - 1000.0).abs() < 1e-9);
         assert!((r.busbw_gbps.unwrap() - 1500.0).abs() < 1e-9);
-        assert!((r.roof_frac.unwrap() - 5000.0 / 4000.0).abs() < 1e-9);
+        assert_eq!(r.rank_bytes, Some(4.5e6), "4 ranks, the wide two-shot: (3 + 2 * 3/4) S");
+        assert!((r.roof_frac.unwrap() - 4.0 * 4.5e6 / 1e-6 / 1e9 / 4000.0).abs() < 1e-9);
     }
 
     #[test]
@@ -547,10 +585,10 @@ mod tests {
         let back = parse_csv(&text).unwrap();
         assert_eq!(back.iter().map(key).collect::<Vec<_>>(), records.iter().map(key).collect::<Vec<_>>());
         assert!(back.iter().all(|r| r.graph_ops == 1));
-        // An older CSV, without the shape and graph_ops columns.
+        // An older CSV, without the shape, graph_ops and rank_bytes columns.
         let old: String = text
             .lines()
-            .map(|l| l.rsplit_once(',').unwrap().0.rsplit_once(',').unwrap().0.to_string() + "\n")
+            .map(|l| l.rsplitn(4, ',').last().unwrap().to_string() + "\n")
             .collect();
         let back = parse_csv(&old).unwrap();
         assert_eq!((back.len(), key(&back[0])), (records.len(), key(&records[0])));

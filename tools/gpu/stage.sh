@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Copies what the GPU machine runs into .carry/ (git-ignored), stripped: the built library, the
 # gtest binaries with their stand-in libnvinfer (trt10/, trt11/), the Rust GPU test binary, the
-# benchmark, the two kernel simulations and the NVLink probe (tools/gpu/device_session.sh runs
-# them); and into .carry-overlay/ the library, the overlay tests with their stand-ins and Edge-LLM
-# 0.11's own library for TensorRT 10 and 11 (tools/gpu/overlay_check.sh runs them; a call of its
-# own, as both folders together pass the device's 64 MiB). Run after tools/install.sh.
+# benchmark, the two kernel simulations, the NVLink probe and the two-shot stage timings
+# (tools/gpu/device_session.sh runs them); and into .carry-overlay/ the library, the overlay
+# tests with their stand-ins and Edge-LLM 0.11's own library for TensorRT 10 and 11
+# (tools/gpu/overlay_check.sh runs them; a call of its own, as both folders together pass the
+# device's 64 MiB). Run after tools/install.sh.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 eval "$("$root/tools/setup.sh")"
@@ -32,6 +33,9 @@ done
 # The NVLink ceiling probe (2+ GPUs): push, pull, copy engine, TMA, one way and both ways.
 "$CUDA_HOME/bin/nvcc" -O3 -std=c++17 -arch=sm_90 -L"$CUDA_HOME/lib" -Werror all-warnings \
   "$root/tools/gpu/nvlink_probe.cu" -o "$root/.carry/nvlink_probe"
+# The 4+ rank two-shot's stages on simulated ranks (docs/PERFORMANCE.md, "Four and eight ranks").
+"$CUDA_HOME/bin/nvcc" -O3 -std=c++17 -arch=sm_90 -L"$CUDA_HOME/lib" -Werror all-warnings \
+  "$root/tools/gpu/twoshot_stages.cu" -o "$root/.carry/twoshot_stages"
 strip "$root/.carry"/edgellm_plugin_tests_trt* "$root/.carry/rust_gpu_simulated_ranks" \
   "$root/.carry/edgellm-allreduce-bench" "$overlay"/edgellm_overlay_tests_trt*
 du -sh "$root/.carry" "$overlay"

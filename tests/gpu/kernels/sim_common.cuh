@@ -21,6 +21,7 @@
 #include "../../../kernels/lamport.cu"
 #include "../../../kernels/oneshot.cu"
 #include "../../../kernels/twoshot.cu"
+#include "../../../kernels/twoshot_wide.cu"
 
 // ---------------------------------------------------------------------------------------
 // Plumbing
@@ -56,9 +57,13 @@ static void wait_stream(cudaStream_t s) {
   }
 }
 
-enum Fam { ONESHOT = 0, TWOSHOT = 1, LAMPORT = 2 };
+// TWOSHOT is the 2-rank two-shot (twoshot.cu), WIDE the 4+ rank one (twoshot_wide.cu); both
+// run at every N here.
+enum Fam { ONESHOT = 0, TWOSHOT = 1, LAMPORT = 2, WIDE = 3 };
+constexpr int kFams = 4;
 enum Dt { F32 = 0, F16 = 1, BF16 = 2 };
-static const char* kFamName[] = {"oneshot", "twoshot", "lamport"};
+static const char* kFamName[] = {"oneshot", "twoshot", "lamport", "twoshot_wide"};
+static bool is_twoshot(int fam) { return fam == TWOSHOT || fam == WIDE; }
 static const char* kDtName[] = {"f32", "f16", "bf16"};
 static const int kElemSize[] = {4, 2, 2};
 
@@ -88,10 +93,11 @@ static int n_index(int n) {
    (const void*)KERNEL<T, 8, FAM>, (const void*)KERNEL<T, 16, FAM>}
 #define SIM_TABLE_ROW(KERNEL, FAM) \
   {SIM_ROW(KERNEL, FAM, float), SIM_ROW(KERNEL, FAM, __half), SIM_ROW(KERNEL, FAM, __nv_bfloat16)}
-static const void* kKernels[3][3][5] = {
+static const void* kKernels[kFams][3][5] = {
     {EAR_ROW(oneshot_barrier, f32), EAR_ROW(oneshot_barrier, f16), EAR_ROW(oneshot_barrier, bf16)},
     {EAR_ROW(twoshot_polled, f32), EAR_ROW(twoshot_polled, f16), EAR_ROW(twoshot_polled, bf16)},
     {EAR_ROW(oneshot_lamport, f32), EAR_ROW(oneshot_lamport, f16), EAR_ROW(oneshot_lamport, bf16)},
+    {EAR_ROW(twoshot_barrier, f32), EAR_ROW(twoshot_barrier, f16), EAR_ROW(twoshot_barrier, bf16)},
 };
 
 // ---------------------------------------------------------------------------------------

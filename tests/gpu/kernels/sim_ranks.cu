@@ -29,11 +29,13 @@ __global__ void __launch_bounds__(EAR_BLOCK_THREADS, 1)
   if constexpr (FAM == ONESHOT) ear::oneshot_body<T, N>(p);
   if constexpr (FAM == TWOSHOT) ear::twoshot_body<T, N>(p);
   if constexpr (FAM == LAMPORT) ear::lamport_body<T, N>(p);
+  if constexpr (FAM == WIDE) ear::twoshot_wide_body<T, N>(p);
 }
-static const void* kSimKernels[3][3][5] = {
+static const void* kSimKernels[kFams][3][5] = {
     SIM_TABLE_ROW(sim_all_ranks, ONESHOT),
     SIM_TABLE_ROW(sim_all_ranks, TWOSHOT),
     SIM_TABLE_ROW(sim_all_ranks, LAMPORT),
+    SIM_TABLE_ROW(sim_all_ranks, WIDE),
 };
 
 struct CheckResult {
@@ -124,7 +126,7 @@ struct Sim : SimRanks {
   int grid_rule(int fam, int dt, uint64_t count) const {
     const uint64_t vecs = EAR_CEIL_DIV(count * kElemSize[dt], EAR_VEC_BYTES);
     if (fam == LAMPORT) return static_cast<int>(EAR_LAMPORT_GRID(vecs, grid_cap()));
-    const uint64_t work = fam == TWOSHOT ? EAR_CEIL_DIV(vecs, n) : vecs;
+    const uint64_t work = is_twoshot(fam) ? EAR_CEIL_DIV(vecs, n) : vecs;
     return static_cast<int>(EAR_GRID(work, grid_cap()));
   }
   // The block of a call: Lamport's depends on the size (any grid works with it).
@@ -273,11 +275,13 @@ static void graph_test(Sim& s, int dt, int replays) {
   };
   const uint64_t big = std::min<uint64_t>((1u << 20) + 3, s.ws_max / kElemSize[dt]);
   const uint64_t mid = std::min<uint64_t>(65536 + 7, EAR_LAMPORT_MAX_MSG(s.ws_max) / kElemSize[dt]);
+  const uint64_t half = std::min<uint64_t>((1u << 19) + 5, s.ws_max / kElemSize[dt]);
   std::vector<GCall> calls = {
       {LAMPORT, 4097, 0, false, false}, {TWOSHOT, big, 0, true, false},
-      {ONESHOT, 1000, 1, true, true},   {LAMPORT, mid, 0, true, false},
-      {ONESHOT, big, 0, false, false},  {TWOSHOT, 7, 1, true, true},
-      {LAMPORT, 1, 1, true, true},
+      {ONESHOT, 1000, 1, true, true},   {WIDE, half, 0, true, false},
+      {LAMPORT, mid, 0, true, false},   {ONESHOT, big, 0, false, false},
+      {WIDE, 1000, 3, false, true},     {TWOSHOT, 7, 1, true, true},
+      {WIDE, 7, 1, true, true},         {LAMPORT, 1, 1, true, true},
   };
   // Each call gets its own slice of the in/out buffers so all results survive the replay.
   std::vector<uint64_t> off(calls.size());
@@ -473,7 +477,7 @@ int main(int argc, char** argv) {
     for (int dt = 0; dt < 3; ++dt)
       for (uint64_t count : counts)
         for (int inplace = 0; inplace < 2; ++inplace)
-          for (int fam = 0; fam < 3; ++fam) {  // families interleaved: mixed call sequence
+          for (int fam = 0; fam < kFams; ++fam) {  // families interleaved: mixed call sequence
             if (count * kElemSize[dt] > s.max_msg(fam)) continue;
             rng = mix64(rng);
             int grid = s.grid_rule(fam, dt, count);
@@ -481,19 +485,21 @@ int main(int argc, char** argv) {
             run_case(s, fam, dt, count, inplace != 0, grid, (idx++ & 1) != 0, rng);
           }
     // Paced two-shot (above 8 MiB) on grids small enough that a CTA has more than 64 batches
-    // (several per chunk, a short last chunk), and at the workspace limit.
-    for (int grid : {1, 3})
-      for (uint64_t bytes : {uint64_t(8u << 20) + 48, ws_max}) {
-        rng = mix64(rng);
-        run_case(s, TWOSHOT, BF16, bytes / kElemSize[BF16], grid == 3, grid, true, rng);
-      }
+    // (several per chunk, a short last chunk), and at the workspace limit; the same for the
+    // 4+ rank two-shot (many batches per thread).
+    for (int fam : {TWOSHOT, WIDE})
+      for (int grid : {1, 3})
+        for (uint64_t bytes : {uint64_t(8u << 20) + 48, ws_max}) {
+          rng = mix64(rng);
+          run_case(s, fam, BF16, bytes / kElemSize[BF16], grid == 3, grid, true, rng);
+        }
     for (int dt = 0; dt < 3; ++dt) {
       if (quick && dt != BF16) continue;
       graph_test(s, dt, graph_replays);
     }
     s.check_twoshot_areas();
     if (timing && !quick && (n == 2 || n == 4 || n == 8)) {
-      for (int fam = 0; fam < 3; ++fam)
+      for (int fam = 0; fam < kFams; ++fam)
         for (int dt = 0; dt < 3; ++dt)
           for (uint64_t b : {uint64_t(8u << 10), uint64_t(1u << 20), uint64_t(64u << 20)})
             time_case(s, fam, dt, b);
