@@ -205,8 +205,10 @@ impl Function {
     }
 }
 
-/// Loads a fatbin into the current context and resolves `names` (missing names are None).
-pub fn load_module(image: &[u8], names: &[String]) -> Result<Vec<Option<Function>>> {
+/// Loads a fatbin into the current context and resolves `names`: None for those not in
+/// `defined` (what the module defines; the driver is asked for every name when it is empty) or
+/// not found.
+pub fn load_module(image: &[u8], names: &[String], defined: &[&str]) -> Result<Vec<Option<Function>>> {
     driver()?;
     // SAFETY: `image` is a complete fatbin (embedded at build time); the module is never
     // unloaded, so the functions stay valid for the life of the process.
@@ -214,7 +216,10 @@ pub fn load_module(image: &[u8], names: &[String]) -> Result<Vec<Option<Function
     names
         .iter()
         .map(|name| {
-            let c_name = std::ffi::CString::new(name.as_str()).expect("kernel names have no NUL");
+            if !defined.is_empty() && !defined.contains(&name.as_str()) {
+                return Ok(None);
+            }
+            let c_name = std::ffi::CString::new(name.as_str()).map_err(|_| Error::NoKernel(name.clone()))?;
             // SAFETY: a loaded module and a NUL-terminated name.
             match unsafe { result::module::get_function(module, c_name) } {
                 Ok(f) => Ok(Some(Function(f))),
