@@ -223,9 +223,7 @@ fn release_then_replay(c: Captured) {
 #[test]
 #[ignore = "needs a GPU: run with --ignored on the GPU machine"]
 fn a_graph_keeps_the_group_it_captured_and_a_replay_after_the_release_does_nothing() {
-    let ctx = gpu();
-    let watchdog = Watchdog::start(Duration::from_secs(120));
-    watchdog.at("capture, replay, release, replay".into());
+    let (ctx, _watchdog) = (gpu(), Watchdog::of("capture, replay, release, replay", Duration::from_secs(120)));
     let c = capture(&ctx);
     c.graph.launch().unwrap();
     c.origin.synchronize().unwrap();
@@ -245,9 +243,7 @@ fn a_graph_keeps_the_group_it_captured_and_a_replay_after_the_release_does_nothi
 #[test]
 #[ignore = "needs a GPU: run with --ignored on the GPU machine"]
 fn a_replay_after_the_release_touches_only_live_memory() {
-    let ctx = gpu();
-    let watchdog = Watchdog::start(Duration::from_secs(300));
-    watchdog.at("capture, release, replay".into());
+    let (ctx, _watchdog) = (gpu(), Watchdog::of("capture, release, replay", Duration::from_secs(300)));
     release_then_replay(capture(&ctx));
     println!("graph lifetime: release, replay that did nothing (fault 3), memory freed after the graph");
 }
@@ -278,9 +274,7 @@ fn bf16_desc(count: usize) -> TensorDesc {
 #[test]
 #[ignore = "needs a GPU: run with --ignored on the GPU machine"]
 fn two_streams_at_once_one_runs_the_custom_kernel_the_other_nccl() {
-    let ctx = gpu();
-    let watchdog = Watchdog::start(Duration::from_secs(120));
-    watchdog.at("two streams at once".into());
+    let (ctx, _watchdog) = (gpu(), Watchdog::of("two streams at once", Duration::from_secs(120)));
     let count = 8192;
     // Device 0 registered as Edge-LLM does (a stand-in NCCL: no group forms by itself), then rank
     // 0 of a simulated group installed for it; rank 1 is driven directly.

@@ -44,6 +44,14 @@ impl Watchdog {
     pub fn at(&self, case: String) {
         *self.case.lock().unwrap() = case;
     }
+
+    /// A watchdog of one case.
+    #[allow(dead_code)] // not every test binary has single-case tests
+    pub fn of(case: &str, limit: Duration) -> Self {
+        let watchdog = Watchdog::start(limit);
+        watchdog.at(case.to_owned());
+        watchdog
+    }
 }
 
 impl Drop for Watchdog {
