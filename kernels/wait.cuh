@@ -47,6 +47,12 @@ __device__ __forceinline__ uint32_t ld_volatile_u32(const uint32_t* p) {
   return *reinterpret_cast<const volatile uint32_t*>(p);
 }
 
+// The fault that a set abort word means: RELEASED when the host released the group, else
+// ABORTED (a peer gave up).
+__device__ __forceinline__ uint32_t abort_fault(uint64_t aborted) {
+  return aborted == EAR_FAULT_RELEASED ? EAR_FAULT_RELEASED : EAR_FAULT_ABORTED;
+}
+
 // Writes generation << 8 | code into the fault word unless it already holds a fault of this
 // generation: the first fault is the cause, the aborts it triggers on other CTAs come after.
 __device__ __forceinline__ void record_fault(const WaitContext& w, uint32_t code) {
@@ -72,8 +78,9 @@ __device__ __forceinline__ void give_up(WaitContext& w, uint32_t code) {
 __device__ __forceinline__ bool still_patient() {
   WaitContext& w = wait_context();
   if (ld_volatile_u32(&w.gave_up) != 0u) return false;
-  if (ld_volatile_u64(w.abort[w.rank]) != 0u) {
-    give_up(w, EAR_FAULT_ABORTED);
+  const uint64_t aborted = ld_volatile_u64(w.abort[w.rank]);
+  if (aborted != 0u) {  // by a peer that gave up (ABORTED), or by the host (RELEASED)
+    give_up(w, abort_fault(aborted));
     return false;
   }
   *reinterpret_cast<volatile long long*>(&w.next_look) = clock64() + kCyclesPerLook;
@@ -121,11 +128,11 @@ __device__ __forceinline__ void arm_waits(const EarAllReduceParams& p, uint64_t*
   }
 }
 
-// After that __syncthreads: a call of an aborted group does nothing. Thread 0 records why (the
-// abort word holds the fault code), and the whole CTA exits (every thread read the same value).
+// After that __syncthreads: a call of an aborted group does nothing. Thread 0 records why, and
+// the whole CTA exits (every thread read the same value).
 __device__ __forceinline__ void bail_if_aborted(uint64_t aborted) {
   if (aborted == 0u) return;
-  if (threadIdx.x == 0) record_fault(wait_context(), static_cast<uint32_t>(aborted));
+  if (threadIdx.x == 0) record_fault(wait_context(), abort_fault(aborted));
   asm volatile("exit;");
 }
 
