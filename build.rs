@@ -221,17 +221,40 @@ fn compile_kernels(root: &Path, out: &Path, toolchain: &Toolchain) {
     if let Some(dir) = &cache {
         prune(dir, 64);
     }
-    let mut table = String::from("/// Kernel modules compiled from kernels/*.cu: (file stem, fatbin).\npub const MODULES: &[(&str, &[u8])] = &[\n");
+    let mut table = String::from(
+        "/// Kernel modules compiled from kernels/*.cu: (file stem, fatbin, the kernels it defines: empty\n/// when its symbol names could not be read).\npub const MODULES: &[(&str, &[u8], &[&str])] = &[\n",
+    );
     for source in &sources {
         println!("cargo:rerun-if-changed={}", source.display());
         let stem = source.file_stem().unwrap().to_string_lossy();
-        writeln!(table, "    ({stem:?}, include_bytes!({:?})),", out.join(format!("{stem}.fatbin")).display().to_string()).unwrap();
+        let fatbin = out.join(format!("{stem}.fatbin"));
+        let kernels = kernel_names(&fs::read(&fatbin).expect("reading a fatbin"));
+        writeln!(table, "    ({stem:?}, include_bytes!({:?}), &{kernels:?}),", fatbin.display().to_string()).unwrap();
     }
     table.push_str("];\n");
     writeln!(table, "/// The images in every fatbin (SASS sm_XY, PTX compute_XY).\npub const IMAGES: &str = {:?};", images.join(" ")).unwrap();
     let default_images = gencodes(DEFAULT_ARCHS).1.join(" ");
     writeln!(table, "/// The images of a build with the default EDGELLM_CUDA_ARCHS (for the tests).\n#[cfg(test)]\npub const DEFAULT_IMAGES: &str = {default_images:?};").unwrap();
     fs::write(out.join("kernels.rs"), table).unwrap();
+}
+
+/// The kernels a fatbin defines: the `ear_*` names of its ELF string tables (NUL-separated
+/// strings; section names such as `.text.ear_...` do not start after a NUL), so that the loader
+/// asks each module only for the functions it holds. Empty when the images are compressed.
+fn kernel_names(fatbin: &[u8]) -> Vec<String> {
+    let mut names: Vec<String> = fatbin
+        .windows(5)
+        .enumerate()
+        .filter(|(_, w)| w == b"\0ear_")
+        .filter_map(|(i, _)| {
+            let rest = &fatbin[i + 1..];
+            let name = &rest[..rest.iter().position(|&c| c == 0)?];
+            name.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'_').then(|| String::from_utf8_lossy(name).into_owned())
+        })
+        .collect();
+    names.sort();
+    names.dedup();
+    names
 }
 
 /// `$EDGELLM_TOOLCHAIN_DIR/fatbin` (the toolchain's cache folder), if it can be created.

@@ -10,6 +10,7 @@
 #include <array>
 #include <cstring>
 #include <exception>
+#include <string>
 #include <vector>
 
 namespace trt_edgellm
@@ -64,12 +65,27 @@ ffi::TensorDesc toDesc(DimsExprs const& d) noexcept
     return out;
 }
 
-bool countsFit(int32_t nbA, int32_t nbB) noexcept
+//! Whether TensorRT handed `method` usable tensor arrays: counts in range, and an array for every
+//! non-empty list (`arrays`: every array needed is non-null). Logs why not (every rejection says so).
+bool ioValid(char const* method, int32_t nbA, int32_t nbB, bool arrays) noexcept
 {
-    if (nbA < 0 || nbB < 0 || nbA + nbB > kMaxTensors)
+    try
     {
-        ffi::log_error("AllReducePlugin: invalid tensor counts from TensorRT");
-        return false;
+        if (nbA < 0 || nbB < 0 || nbA + nbB > kMaxTensors)
+        {
+            ffi::log_error(std::string("AllReducePlugin::") + method + ": invalid tensor counts from TensorRT ("
+                + std::to_string(nbA) + ", " + std::to_string(nbB) + ")");
+            return false;
+        }
+        if (!arrays)
+        {
+            ffi::log_error(std::string("AllReducePlugin::") + method + ": null tensor array from TensorRT");
+            return false;
+        }
+    }
+    catch (std::exception const&)
+    {
+        return false;  // out of memory while logging: the rejection stands
     }
     return true;
 }
@@ -200,7 +216,7 @@ int32_t AllReducePlugin::getNbOutputs() const noexcept
 int32_t AllReducePlugin::configurePlugin(
     DynamicPluginTensorDesc const* in, int32_t nbInputs, DynamicPluginTensorDesc const* out, int32_t nbOutputs) noexcept
 {
-    if (!countsFit(nbInputs, nbOutputs) || (nbInputs > 0 && in == nullptr) || (nbOutputs > 0 && out == nullptr))
+    if (!ioValid("configurePlugin", nbInputs, nbOutputs, (nbInputs == 0 || in != nullptr) && (nbOutputs == 0 || out != nullptr)))
     {
         return -1;
     }
@@ -219,7 +235,7 @@ int32_t AllReducePlugin::configurePlugin(
 bool AllReducePlugin::supportsFormatCombination(
     int32_t pos, DynamicPluginTensorDesc const* inOut, int32_t nbInputs, int32_t nbOutputs) noexcept
 {
-    if (!countsFit(nbInputs, nbOutputs) || inOut == nullptr)
+    if (!ioValid("supportsFormatCombination", nbInputs, nbOutputs, inOut != nullptr))
     {
         return false;
     }
@@ -230,8 +246,8 @@ bool AllReducePlugin::supportsFormatCombination(
 int32_t AllReducePlugin::getOutputDataTypes(
     DataType* outputTypes, int32_t nbOutputs, DataType const* inputTypes, int32_t nbInputs) const noexcept
 {
-    if (!countsFit(nbInputs, nbOutputs) || (nbInputs > 0 && inputTypes == nullptr)
-        || (nbOutputs > 0 && outputTypes == nullptr))
+    if (!ioValid("getOutputDataTypes", nbInputs, nbOutputs,
+            (nbInputs == 0 || inputTypes != nullptr) && (nbOutputs == 0 || outputTypes != nullptr)))
     {
         return -1;
     }
@@ -260,7 +276,8 @@ int32_t AllReducePlugin::getOutputDataTypes(
 int32_t AllReducePlugin::getOutputShapes(DimsExprs const* inputs, int32_t nbInputs, DimsExprs const* /*shapeInputs*/,
     int32_t /*nbShapeInputs*/, DimsExprs* outputs, int32_t nbOutputs, IExprBuilder& /*exprBuilder*/) noexcept
 {
-    if (!countsFit(nbInputs, nbOutputs) || (nbInputs > 0 && inputs == nullptr) || (nbOutputs > 0 && outputs == nullptr))
+    if (!ioValid("getOutputShapes", nbInputs, nbOutputs,
+            (nbInputs == 0 || inputs != nullptr) && (nbOutputs == 0 || outputs != nullptr)))
     {
         return -1;
     }
@@ -274,6 +291,7 @@ int32_t AllReducePlugin::getOutputShapes(DimsExprs const* inputs, int32_t nbInpu
         {
             if (sources[i] < 0 || sources[i] >= nbInputs)
             {
+                ffi::log_error("AllReducePlugin::getOutputShapes: no input for an output's shape");
                 return -1;
             }
             outputs[i] = inputs[sources[i]];
@@ -299,9 +317,9 @@ int32_t AllReducePlugin::enqueue(PluginTensorDesc const* inputDesc, PluginTensor
 {
     int32_t const nbInputs = mState->core->nb_inputs();
     int32_t const nbOutputs = mState->core->nb_outputs();
-    if (inputDesc == nullptr || outputDesc == nullptr || inputs == nullptr || outputs == nullptr)
+    if (!ioValid("enqueue", nbInputs, nbOutputs,
+            inputDesc != nullptr && outputDesc != nullptr && inputs != nullptr && outputs != nullptr))
     {
-        ffi::log_error("AllReducePlugin::enqueue: null tensor descriptors or address arrays");
         return -1;
     }
     try
@@ -331,7 +349,7 @@ int32_t AllReducePlugin::enqueue(PluginTensorDesc const* inputDesc, PluginTensor
 int32_t AllReducePlugin::onShapeChange(
     PluginTensorDesc const* in, int32_t nbInputs, PluginTensorDesc const* out, int32_t nbOutputs) noexcept
 {
-    if (!countsFit(nbInputs, nbOutputs) || (nbInputs > 0 && in == nullptr) || (nbOutputs > 0 && out == nullptr))
+    if (!ioValid("onShapeChange", nbInputs, nbOutputs, (nbInputs == 0 || in != nullptr) && (nbOutputs == 0 || out != nullptr)))
     {
         return -1;
     }

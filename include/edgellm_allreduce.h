@@ -45,10 +45,26 @@ int edgellmAllReduceCustomRanks(int deviceId);
 // get the group or none does. Returns whether the device has a group afterwards.
 bool edgellmAllReduceSetupWorkspaces(int deviceId);
 
-// Releases the custom-kernel workspaces of the group `deviceId` belongs to (every rank of it
-// goes back to NCCL; the memory is freed once in-flight work is done). Call it on every rank's
-// device before tearing the runtime down if you do not unregister the communicators; unregister
-// does it too. Returns false when the device had no group.
+// Why the last custom all-reduce on CUDA device `deviceId` failed, if one did since the
+// device's group formed: 0 none; 1 (`EAR_FAULT_TIMEOUT`) a kernel waited for a peer rank longer
+// than `EDGELLM_ALLREDUCE_TIMEOUT_MS` and gave up (a rank did not launch its part of a call);
+// 2 (`EAR_FAULT_ABORTED`) a kernel found its group aborted by a peer that gave up, and did not
+// run; 3 (`EAR_FAULT_RELEASED`) a kernel of a released group ran (a CUDA graph captured before
+// the release was replayed) and did not run. Whatever the code, that call's output is wrong,
+// and after 1 or 2 the device's all-reduces fail until `edgellmAllReduceReleaseWorkspaces`
+// (then NCCL) or `edgellmAllReduceSetupWorkspaces` on every rank. The kernels write the code
+// into host memory: this reads it without synchronizing, at any time (e.g. after a stream
+// synchronization, or between CUDA graph replays). -1 for a negative or too large device id.
+int edgellmAllReduceLastError(int deviceId);
+
+// Releases the custom-kernel workspaces of the group `deviceId` belongs to: every rank of it
+// in this process goes back to NCCL, after its devices finished their work. Call it on every
+// rank's device at the same point of the call sequence (before tearing the runtime down if you
+// do not unregister the communicators, which does it too; after a failure, to go on with NCCL).
+// A CUDA graph captured before keeps the memory until it is destroyed; a replay then does
+// nothing and reports fault 3 (`edgellmAllReduceLastError`). The memory is freed at the next
+// registration, unregistration, setup or release call after the last such graph is destroyed.
+// Returns false when the device had no group.
 bool edgellmAllReduceReleaseWorkspaces(int deviceId);
 
 // Edge-LLM 0.11's registration of the NVFP4 weights a `FusedNvfp4GemmAllReducePlugin` layer

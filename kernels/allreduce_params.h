@@ -18,7 +18,13 @@
  *   [ data region   : EAR_DATA_BYTES(max_msg, nranks) ]  offset EAR_SIGNAL_BYTES
  *
  *   signal region: uint64_t slot[EAR_MAX_BLOCKS][EAR_MAX_RANKS]; slot[b][r] is written
- *                  (st.release.sys) only by CTA b of rank r, read only by its owner.
+ *                  (st.release.sys) only by CTA b of rank r, read only by its owner;
+ *                  then one 128-byte line whose first uint64_t is the ABORT word
+ *                  (EAR_ABORT_OFFSET): 0 while the group is live, else an EAR_FAULT_* code:
+ *                  written by any rank's kernel that gives up waiting (to every rank) and
+ *                  by the host when it releases the group; read at the start of every call
+ *                  (a call of an aborted group does nothing) and by every long wait
+ *                  (kernels/wait.cuh).
  *   data region  (offsets from the start of the data region, all 128-byte aligned):
  *     EAR_OFF_ONESHOT          2 banks x EAR_ONESHOT_BANK_BYTES(m)          (one-shot)
  *     EAR_OFF_TWOSHOT_STAGE    2 parities x (nranks-1) rows x EAR_TWOSHOT_SEG_BYTES(m, n)
@@ -60,6 +66,8 @@
  *   - count * elem_size <= ws_max_bytes                           (oneshot, twoshot)
  *     count * elem_size <= EAR_LAMPORT_MAX_MSG(ws_max_bytes)      (lamport)
  *     Violations, nranks != the kernel's N or rank outside [0, N) trap (sticky error).
+ *   - fault, timeout_ns, generation: every wait for a peer gives up after timeout_ns (0: never)
+ *     and records generation << 8 | EAR_FAULT_* in *fault (NULL: nowhere); kernels/wait.cuh.
  * ---------------------------------------------------------------------------------------
  */
 #ifndef EAR_ALLREDUCE_PARAMS_H
@@ -75,8 +83,11 @@
 #define EAR_ROUND_UP(x, a) ((((uint64_t)(x)) + (uint64_t)(a) - 1u) / (uint64_t)(a) * (uint64_t)(a))
 #define EAR_CEIL_DIV(x, y) ((((uint64_t)(x)) + (uint64_t)(y) - 1u) / (uint64_t)(y))
 
-/* Signal region: uint64_t slot[EAR_MAX_BLOCKS][EAR_MAX_RANKS] (16 KiB). */
-#define EAR_SIGNAL_BYTES ((uint64_t)EAR_MAX_BLOCKS * EAR_MAX_RANKS * 8u)
+/* Signal region: uint64_t slot[EAR_MAX_BLOCKS][EAR_MAX_RANKS] (16 KiB), then the line of the
+ * abort word. */
+#define EAR_SLOT_BYTES ((uint64_t)EAR_MAX_BLOCKS * EAR_MAX_RANKS * 8u)
+#define EAR_ABORT_OFFSET EAR_SLOT_BYTES
+#define EAR_SIGNAL_BYTES (EAR_SLOT_BYTES + EAR_ALIGN_BYTES)
 /* Local state block (layout private to kernels/common.cuh: EAR_MAX_BLOCKS copies of the
  * call counters, 32 bytes each). */
 #define EAR_STATE_BYTES (EAR_MAX_BLOCKS * 32u)
@@ -148,10 +159,10 @@
 
 /* EarAllReduceParams (ear_contract.h) is the only kernel argument, passed by value. */
 #ifdef __cplusplus
-static_assert(sizeof(EarAllReduceParams) == 176, "EarAllReduceParams must be 176 bytes");
+static_assert(sizeof(EarAllReduceParams) == 200, "EarAllReduceParams must be 200 bytes");
 static_assert(sizeof(void*) == 8, "64-bit targets only");
 #else
-_Static_assert(sizeof(EarAllReduceParams) == 176, "EarAllReduceParams must be 176 bytes");
+_Static_assert(sizeof(EarAllReduceParams) == 200, "EarAllReduceParams must be 200 bytes");
 _Static_assert(sizeof(void*) == 8, "64-bit targets only");
 #endif
 
@@ -244,9 +255,9 @@ static inline uint32_t ear_fused_lamport_grid_of(uint64_t tokens, uint32_t hidde
 
 /* EarFusedParams (ear_contract.h) is the only argument of the fused kernels, by value. */
 #ifdef __cplusplus
-static_assert(sizeof(EarFusedParams) == 232, "EarFusedParams must be 232 bytes");
+static_assert(sizeof(EarFusedParams) == 256, "EarFusedParams must be 256 bytes");
 #else
-_Static_assert(sizeof(EarFusedParams) == 232, "EarFusedParams must be 232 bytes");
+_Static_assert(sizeof(EarFusedParams) == 256, "EarFusedParams must be 256 bytes");
 #endif
 
 #endif /* EAR_ALLREDUCE_PARAMS_H */

@@ -8,13 +8,31 @@
 
 #include <stdint.h>
 
-// Names the kernels' cross-rank protocol and the exchange record's layout ("EAR5" read as
-// big-endian bytes). Ranks running builds with different ids never form a group: each
-// rejects the other's records, so all fall back to NCCL together instead of waiting on each
-// other in kernels whose protocols no longer match. "EAR4": flag values
-// `flag_value(seq, i) = 64*seq + i + 1` (the two-shot above 8 MiB publishes one flag per chunk).
-// "EAR5": the two-shot at 4 and more ranks pulls between flag barriers (twoshot_wide.cu).
-#define EAR_PROTOCOL_ID 1161908789
+// Names the kernels' cross-rank protocol and the exchange record's layout ("EAR6" read as
+// big-endian bytes): the one id of the contract (there is no other version number). Ranks
+// running builds with different ids never form a group: each rejects the other's records, so
+// all fall back to NCCL together instead of waiting on each other in kernels whose protocols
+// no longer match. "EAR4": flag values `flag_value(seq, i) = 64*seq + i + 1` (the two-shot
+// above 8 MiB publishes one flag per chunk). "EAR5": bounded waits, the abort word after the
+// signal slots, the fault word and timeout in the parameters, a 256-byte exchange record.
+// "EAR6": EAR5's bounded waits together with the two-shot at 4 and more ranks that pulls
+// between flag barriers (twoshot_wide.cu).
+#define EAR_PROTOCOL_ID 1161908790
+
+// Fault codes: what a kernel writes into its fault word (`EarAllReduceParams::fault`, as
+// `generation << 8 | code`) and what a group's abort word holds (0: the group is live).
+// The values are also the C API's (`edgellmAllReduceLastError`).
+//
+// A wait for a peer took longer than `timeout_ns`: the kernel stopped waiting (its output is
+// wrong) and aborted the group on every rank.
+#define EAR_FAULT_TIMEOUT 1
+
+// The group was aborted (a peer gave up waiting): the kernel did nothing, or stopped waiting.
+#define EAR_FAULT_ABORTED 2
+
+// The group was released by the host (a CUDA graph captured before the release was
+// replayed): the kernel did nothing.
+#define EAR_FAULT_RELEASED 3
 
 // Most ranks a kernel serves (the size of `peer_ws`).
 #define EAR_MAX_RANKS 16
@@ -31,7 +49,7 @@
 // kernels read it; the host takes the block from EAR_FUSED_BLOCK (`family::fused_grid_block`).
 #define EAR_FUSED_MAX_THREADS 512
 
-// The only kernel argument of the plain families, passed by value. 176 bytes, 8-byte aligned,
+// The only kernel argument of the plain families, passed by value. 200 bytes, 8-byte aligned,
 // no implicit padding (64-bit targets only).
 typedef struct EarAllReduceParams {
   // Base of each rank's workspace as mapped in this process, index = rank; entry `rank` is
@@ -51,10 +69,20 @@ typedef struct EarAllReduceParams {
   int32_t rank;
   // Number of ranks; must equal the N of the kernel's name.
   int32_t nranks;
+  // This rank's fault word, in host-visible memory (mapped pinned): the kernel writes
+  // `generation << 8 | EAR_FAULT_*` there when it gives up or finds its group aborted, so
+  // the host reads it without synchronizing. NULL: not recorded.
+  uint64_t *fault;
+  // Longest a wait for a peer may take, in nanoseconds (`%globaltimer`); 0: no bound.
+  uint64_t timeout_ns;
+  // The group's generation (>= 1), recorded with a fault so the host tells groups apart.
+  uint32_t generation;
+  // Zero.
+  uint32_t reserved;
 } EarAllReduceParams;
 
 // The only argument of the fused all-reduce + residual (+ bias) + RMSNorm kernels, passed by
-// value. 232 bytes, 8-byte aligned, no implicit padding (64-bit targets only).
+// value. 256 bytes, 8-byte aligned, no implicit padding (64-bit targets only).
 typedef struct EarFusedParams {
   // The all-reduce part, exactly as for the plain kernels: ar.input = x [tokens, hidden]
   // (this rank's partial sum), ar.count = tokens * hidden; ar.output is ignored. For

@@ -181,7 +181,7 @@ __device__ __forceinline__ void rmsnorm_row(const EarFusedParams& p, uint64_t ro
 #pragma unroll
     for (int j = 0; j < KC; ++j)
       if (threadIdx.x + j * blockDim.x < hv) done = poll(threadIdx.x + j * blockDim.x, in[j]) && done;
-  } while (!done);
+  } while (!done && keep_waiting());
   uint4 cache[KC];
   float ss = 0.0f;
 #pragma unroll
@@ -194,7 +194,7 @@ __device__ __forceinline__ void rmsnorm_row(const EarFusedParams& p, uint64_t ro
   }
   for (uint32_t k = threadIdx.x + KC * blockDim.x; k < hv; k += blockDim.x) {
     In one = fetch(k);
-    while (!poll(k, one)) {
+    while (!poll(k, one) && keep_waiting()) {
     }
     ss = add_squares<T>(ss, finish(k, one));
   }

@@ -35,6 +35,11 @@ uint64_t ear_params_size(void)
     return sizeof(EarAllReduceParams);
 }
 
+uint64_t ear_abort_offset(void)
+{
+    return EAR_ABORT_OFFSET;
+}
+
 uint32_t ear_state_bytes(void)
 {
     return EAR_STATE_BYTES;

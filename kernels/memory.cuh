@@ -63,6 +63,13 @@ __device__ __forceinline__ uint64_t ld_volatile_u64(const uint64_t* p) {
   return *reinterpret_cast<const volatile uint64_t*>(p);
 }
 
+// Nanoseconds of the GPU's global timer (the clock of the bounded waits, kernels/wait.cuh).
+__device__ __forceinline__ uint64_t globaltimer() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
 // ---------------------------------------------------------------------------------------
 // Programmatic dependent launch. Harmless when the host did not set the attribute.
 __device__ __forceinline__ void pdl_wait() {

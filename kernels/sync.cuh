@@ -5,6 +5,7 @@
 
 #include "memory.cuh"
 #include "vectors.cuh"
+#include "wait.cuh"
 
 namespace ear {
 
@@ -47,8 +48,8 @@ __device__ __forceinline__ uint64_t flag_value(uint64_t seq, uint32_t i) {
 // Lane q < N, q != rank, of the calling threads: publishes `value` into rank q's
 // slot[blockIdx.x][rank] (st.release.sys: every write this thread has observed, e.g. the
 // CTA's through a bar.sync, is ordered before it) and spins on our slot[blockIdx.x][q]
-// until it holds a value >= `value` (ld.relaxed.sys, then one ld.acquire.sys). Other lanes
-// return at once.
+// until it holds a value >= `value` (ld.relaxed.sys, then one ld.acquire.sys), or gives up
+// (wait.cuh). Other lanes return at once.
 template <int N>
 __device__ __forceinline__ void flag_exchange(const EarAllReduceParams& p, uint64_t value, int q) {
   if (q < N && q != p.rank) {
@@ -58,7 +59,7 @@ __device__ __forceinline__ void flag_exchange(const EarAllReduceParams& p, uint6
     // at every poll, under the feet of the CTA's other warps. The acquire load reads the
     // value the relaxed one saw or a later one of the same writer (coherence), so it
     // synchronizes with the peer's release all the same.
-    while (ld_relaxed_sys(mine) < value) {
+    while (ld_relaxed_sys(mine) < value && keep_waiting()) {
     }
     (void)ld_acquire_sys(mine);
   }
@@ -84,10 +85,12 @@ struct CallCounters {
 // Start of a call, after pdl_wait: thread 0 reads copy blockIdx.x of the counters and
 // broadcasts them; then copies blockIdx.x + j*gridDim.x (j = threadIdx.x, then strided by
 // blockDim.x) get next(c); thread 0 rewrites the copy it read itself, after reading it.
-// Stores only, nothing waits for them.
+// Stores only, nothing waits for them. Meanwhile the first threads arm the CTA's bounded
+// waits and read our abort word: a call of an aborted group ends here (wait.cuh).
 template <typename F>
 __device__ __forceinline__ CallCounters begin_call(const EarAllReduceParams& p, F next) {
   __shared__ CallCounters s;
+  __shared__ uint64_t aborted;
   State* const st = static_cast<State*>(p.state);
   if (threadIdx.x == 0) {
     const State* mine = st + blockIdx.x;
@@ -95,7 +98,9 @@ __device__ __forceinline__ CallCounters begin_call(const EarAllReduceParams& p, 
     s.lam_seq = ld_volatile_u64(&mine->lam_seq);
     s.lam_prev_vecs = ld_volatile_u64(&mine->lam_prev_vecs);
   }
+  arm_waits(p, &aborted);
   __syncthreads();
+  bail_if_aborted(aborted);
   const CallCounters c = s;
   const CallCounters n = next(c);
   for (uint32_t copy = blockIdx.x + threadIdx.x * gridDim.x; copy < EAR_MAX_BLOCKS;

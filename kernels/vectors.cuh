@@ -11,6 +11,7 @@
 
 #include "allreduce_params.h"
 #include "memory.cuh"
+#include "wait.cuh"
 
 namespace ear {
 
@@ -228,8 +229,8 @@ __device__ __forceinline__ void load_batch(V (&v)[U], uint64_t i0, uint64_t stri
 }
 
 // One batch: items i0 + u*stride < n (u < U). poll(i, v) (Lamport): one polling step of item
-// i, true once it has arrived; a batch's items are stepped together until all have, before
-// the first use.
+// i, true once it has arrived; a batch's items are stepped together until all have (or the
+// wait gives up, wait.cuh), before the first use.
 template <int U, typename Load, typename Poll, typename Use>
 __device__ __forceinline__ void batch_step(uint64_t i0, uint64_t stride, uint64_t n, Load load, Poll poll,
                                            Use use) {
@@ -241,7 +242,7 @@ __device__ __forceinline__ void batch_step(uint64_t i0, uint64_t stride, uint64_
 #pragma unroll
     for (int u = 0; u < U; ++u)
       if (i0 + u * stride < n) done = poll(i0 + u * stride, v[u]) && done;
-  } while (!done);
+  } while (!done && keep_waiting());
 #pragma unroll
   for (int u = 0; u < U; ++u)
     if (i0 + u * stride < n) use(i0 + u * stride, v[u]);
@@ -258,7 +259,7 @@ __device__ __forceinline__ void batch_step_each(uint64_t i0, uint64_t stride, ui
 #pragma unroll
   for (int u = 0; u < U; ++u)
     if (i0 + u * stride < n) {
-      while (!poll(i0 + u * stride, v[u])) {
+      while (!poll(i0 + u * stride, v[u]) && keep_waiting()) {
       }
       use(i0 + u * stride, v[u]);
     }

@@ -8,7 +8,7 @@
 
 use crate::error::{guard, Error, Result};
 use crate::registry::{self, Comm};
-use crate::{groups, overlay};
+use crate::{fault, groups, overlay, reclaim};
 use std::ffi::{c_char, c_int, c_void, CStr};
 
 /// Calls the base's `function` when the overlay has a base that exports it: a refusal is an error.
@@ -35,10 +35,15 @@ pub extern "C" fn edgellmRegisterNcclCommForAllReducePlugin(
     ncclAllReduceFunction: *mut c_void,
 ) -> bool {
     guard("edgellmRegisterNcclCommForAllReducePlugin", || {
+        reclaim::free_released_memory();
         let registration = registry::Registration { comm: Comm(ncclComm as usize), all_reduce: ncclAllReduceFunction as usize };
         registry::register(deviceId, registration.comm, registration.all_reduce)?;
-        // Forms the custom-kernel group once all of the communicator's ranks are registered here.
-        groups::on_register(deviceId, registration, false);
+        // Forms the custom-kernel group once all of the communicator's ranks are registered
+        // here. The registration stands whatever happens there (a failure leaves NCCL, logged).
+        let _ = guard("forming the custom all-reduce group", || {
+            groups::on_register(deviceId, registration, false);
+            Ok(())
+        });
         forward("edgellmRegisterNcclCommForAllReducePlugin", |base| {
             // SAFETY: the base's function has this C signature; the arguments are the caller's.
             base.register_nccl.map(|f| unsafe { f(deviceId, ncclComm, ncclAllReduceFunction) })
@@ -55,6 +60,7 @@ pub extern "C" fn edgellmRegisterNcclCommForAllReducePlugin(
 #[allow(clippy::not_unsafe_ptr_arg_deref)]
 pub extern "C" fn edgellmUnregisterNcclCommForAllReducePlugin(deviceId: c_int, ncclComm: *mut c_void) -> bool {
     guard("edgellmUnregisterNcclCommForAllReducePlugin", || {
+        reclaim::free_released_memory();
         let ours = registry::unregister(deviceId, Comm(ncclComm as usize));
         if ours.is_ok() {
             groups::forget(deviceId);
@@ -124,6 +130,7 @@ pub extern "C" fn edgellmAllReduceCustomRanks(deviceId: c_int) -> c_int {
 #[allow(non_snake_case)]
 pub extern "C" fn edgellmAllReduceSetupWorkspaces(deviceId: c_int) -> bool {
     guard("edgellmAllReduceSetupWorkspaces", || {
+        reclaim::free_released_memory();
         let registration = registry::get(deviceId).ok_or(Error::NothingRegistered(deviceId))?;
         if groups::group_for(deviceId).is_none() {
             groups::on_register(deviceId, registration, true);
@@ -133,17 +140,42 @@ pub extern "C" fn edgellmAllReduceSetupWorkspaces(deviceId: c_int) -> bool {
     .unwrap_or(false)
 }
 
-/// Releases the custom-kernel workspaces of the group `deviceId` belongs to (every rank of it
-/// goes back to NCCL; the memory is freed once in-flight work is done). Call it on every rank's
-/// device before tearing the runtime down if you do not unregister the communicators; unregister
-/// does it too. Returns false when the device had no group.
+/// Why the last custom all-reduce on CUDA device `deviceId` failed, if one did since the
+/// device's group formed: 0 none; 1 (`EAR_FAULT_TIMEOUT`) a kernel waited for a peer rank longer
+/// than `EDGELLM_ALLREDUCE_TIMEOUT_MS` and gave up (a rank did not launch its part of a call);
+/// 2 (`EAR_FAULT_ABORTED`) a kernel found its group aborted by a peer that gave up, and did not
+/// run; 3 (`EAR_FAULT_RELEASED`) a kernel of a released group ran (a CUDA graph captured before
+/// the release was replayed) and did not run. Whatever the code, that call's output is wrong,
+/// and after 1 or 2 the device's all-reduces fail until `edgellmAllReduceReleaseWorkspaces`
+/// (then NCCL) or `edgellmAllReduceSetupWorkspaces` on every rank. The kernels write the code
+/// into host memory: this reads it without synchronizing, at any time (e.g. after a stream
+/// synchronization, or between CUDA graph replays). -1 for a negative or too large device id.
+#[no_mangle]
+#[allow(non_snake_case)]
+pub extern "C" fn edgellmAllReduceLastError(deviceId: c_int) -> c_int {
+    guard("edgellmAllReduceLastError", || {
+        if !(0..fault::MAX_DEVICES as c_int).contains(&deviceId) {
+            return Err(Error::DeviceOrdinal(deviceId));
+        }
+        Ok(fault::read(deviceId).map_or(0, |r| r.fault.code() as c_int))
+    })
+    .unwrap_or(-1)
+}
+
+/// Releases the custom-kernel workspaces of the group `deviceId` belongs to: every rank of it
+/// in this process goes back to NCCL, after its devices finished their work. Call it on every
+/// rank's device at the same point of the call sequence (before tearing the runtime down if you
+/// do not unregister the communicators, which does it too; after a failure, to go on with NCCL).
+/// A CUDA graph captured before keeps the memory until it is destroyed; a replay then does
+/// nothing and reports fault 3 (`edgellmAllReduceLastError`). The memory is freed at the next
+/// registration, unregistration, setup or release call after the last such graph is destroyed.
+/// Returns false when the device had no group.
 #[no_mangle]
 #[allow(non_snake_case)]
 pub extern "C" fn edgellmAllReduceReleaseWorkspaces(deviceId: c_int) -> bool {
     guard("edgellmAllReduceReleaseWorkspaces", || {
-        let had = groups::group_for(deviceId).is_some();
-        groups::forget(deviceId);
-        Ok(had)
+        reclaim::free_released_memory();
+        Ok(groups::forget(deviceId))
     })
     .unwrap_or(false)
 }

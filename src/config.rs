@@ -1,7 +1,17 @@
 //! Every environment knob of the library, read once per process into one [`Config`] (a leaf:
-//! it imports nothing of ours; `crate::config()` logs what could not be parsed).
+//! it imports only the kernels' constants; `crate::config()` logs, once, every value that was
+//! set but not understood, by name).
 
+use crate::contract::EAR_MAX_BLOCKS;
 use std::sync::OnceLock;
+
+/// The largest `EDGELLM_ALLREDUCE_WORKSPACE_BYTES` taken (1 TiB): the workspace rule's
+/// arithmetic stays far from overflowing.
+pub const MAX_WORKSPACE_BYTES: u64 = 1 << 40;
+
+/// `EDGELLM_ALLREDUCE_TIMEOUT_MS` when unset: generous next to any all-reduce (microseconds to
+/// milliseconds), short next to a person waiting for a hung job.
+pub const DEFAULT_TIMEOUT_MS: u64 = 10_000;
 
 /// A strategy as asked for: the plugin's `strategy` field, or `EDGELLM_ALLREDUCE_STRATEGY`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -35,8 +45,11 @@ pub(crate) struct Config {
     pub workspace_bytes: Option<u64>,
     /// `EDGELLM_ALLREDUCE_EXCHANGE=register`: the IPC exchange at registration (a collective).
     pub exchange_at_register: bool,
-    /// `EDGELLM_ALLREDUCE_MAX_BLOCKS`: the grid cap (the group clamps it to 1..=EAR_MAX_BLOCKS).
+    /// `EDGELLM_ALLREDUCE_MAX_BLOCKS`: the grid cap, 1..=EAR_MAX_BLOCKS.
     pub max_blocks: Option<u32>,
+    /// `EDGELLM_ALLREDUCE_TIMEOUT_MS`: the longest a kernel waits for a peer before it gives up
+    /// (kernels/wait.cuh); 0: no bound.
+    pub timeout_ms: u64,
     /// `EDGELLM_ALLREDUCE_PDL=0` turns programmatic dependent launch off (a debugging switch).
     pub pdl: bool,
     /// `EDGELLM_ALLREDUCE_LOG_LEVEL`: stderr logging when no TensorRT logger was given.
@@ -61,26 +74,34 @@ impl Config {
             parse_requested(v).is_some()
         })
         .and_then(|v| parse_requested(&v));
-        let workspace_bytes = parsed("EDGELLM_ALLREDUCE_WORKSPACE_BYTES", "a byte count", &|v| v.parse::<u64>().is_ok())
-            .and_then(|v| v.parse::<u64>().ok())
-            .map(|b| b.div_ceil(16) * 16);
-        let max_blocks = parsed("EDGELLM_ALLREDUCE_MAX_BLOCKS", "a CTA count", &|v| v.parse::<u32>().is_ok())
-            .and_then(|v| v.parse().ok());
-        let log_level = match var("EDGELLM_ALLREDUCE_LOG_LEVEL").as_deref() {
-            Some("error") => Severity::Error,
-            Some("info") => Severity::Info,
-            Some("verbose") => Severity::Verbose,
-            _ => Severity::Warning,
-        };
-        Config {
-            strategy,
-            workspace_bytes,
-            exchange_at_register: var("EDGELLM_ALLREDUCE_EXCHANGE").is_some_and(|v| v == "register"),
-            max_blocks,
-            pdl: var("EDGELLM_ALLREDUCE_PDL").is_none_or(|v| v != "0"),
-            log_level,
-            problems,
-        }
+        let workspace_bytes = parsed("EDGELLM_ALLREDUCE_WORKSPACE_BYTES", "a byte count up to 2^40", &|v| {
+            v.parse::<u64>().is_ok_and(|b| b <= MAX_WORKSPACE_BYTES)
+        })
+        .and_then(|v| v.parse::<u64>().ok())
+        .map(|b| b.div_ceil(16) * 16);
+        let max_blocks = parsed("EDGELLM_ALLREDUCE_MAX_BLOCKS", "a CTA count from 1 to 128", &|v| {
+            v.parse::<u32>().is_ok_and(|b| (1..=EAR_MAX_BLOCKS).contains(&b))
+        })
+        .and_then(|v| v.parse().ok());
+        let timeout_ms = parsed("EDGELLM_ALLREDUCE_TIMEOUT_MS", "a number of milliseconds (0: no bound)", &|v| v.parse::<u64>().is_ok())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(DEFAULT_TIMEOUT_MS);
+        let log_level = parsed("EDGELLM_ALLREDUCE_LOG_LEVEL", "one of error, warning, info, verbose", &|v| parse_severity(v).is_some())
+            .and_then(|v| parse_severity(&v))
+            .unwrap_or(Severity::Warning);
+        let exchange_at_register = parsed("EDGELLM_ALLREDUCE_EXCHANGE", "register", &|v| v == "register").is_some();
+        let pdl = parsed("EDGELLM_ALLREDUCE_PDL", "0 or 1", &|v| v == "0" || v == "1").is_none_or(|v| v != "0");
+        Config { strategy, workspace_bytes, exchange_at_register, max_blocks, timeout_ms, pdl, log_level, problems }
+    }
+}
+
+fn parse_severity(v: &str) -> Option<Severity> {
+    match v {
+        "error" => Some(Severity::Error),
+        "warning" => Some(Severity::Warning),
+        "info" => Some(Severity::Info),
+        "verbose" => Some(Severity::Verbose),
+        _ => None,
     }
 }
 
@@ -115,6 +136,7 @@ mod tests {
         assert_eq!((c.strategy, c.workspace_bytes, c.max_blocks), (None, None, None));
         assert!(c.pdl && !c.exchange_at_register && c.problems.is_empty());
         assert_eq!(c.log_level, Severity::Warning);
+        assert_eq!(c.timeout_ms, 10_000);
     }
 
     #[test]
@@ -126,7 +148,10 @@ mod tests {
             ("EDGELLM_ALLREDUCE_EXCHANGE", "register"),
             ("EDGELLM_ALLREDUCE_PDL", "0"),
             ("EDGELLM_ALLREDUCE_LOG_LEVEL", "verbose"),
+            ("EDGELLM_ALLREDUCE_TIMEOUT_MS", "0"),
         ]);
+        assert_eq!(c.timeout_ms, 0, "0: no bound");
+        assert!(c.problems.is_empty(), "{:?}", c.problems);
         assert_eq!(c.strategy, Some(Requested::Lamport));
         assert_eq!(c.workspace_bytes, Some(1008), "rounded up to 16 bytes");
         assert_eq!(c.max_blocks, Some(64));
@@ -135,11 +160,36 @@ mod tests {
     }
 
     #[test]
-    fn values_not_understood_are_reported_and_ignored() {
-        let c = from(&[("EDGELLM_ALLREDUCE_STRATEGY", "fast"), ("EDGELLM_ALLREDUCE_WORKSPACE_BYTES", "16M")]);
-        assert_eq!((c.strategy, c.workspace_bytes), (None, None));
+    fn values_not_understood_are_reported_by_name_and_ignored() {
+        let bad = [
+            ("EDGELLM_ALLREDUCE_STRATEGY", "XYZ"),
+            ("EDGELLM_ALLREDUCE_WORKSPACE_BYTES", "garbage"),
+            ("EDGELLM_ALLREDUCE_MAX_BLOCKS", "abc"),
+            ("EDGELLM_ALLREDUCE_TIMEOUT_MS", "-5"),
+            ("EDGELLM_ALLREDUCE_LOG_LEVEL", "loud"),
+            ("EDGELLM_ALLREDUCE_EXCHANGE", "always"),
+            ("EDGELLM_ALLREDUCE_PDL", "off"),
+        ];
+        let c = from(&bad);
+        assert_eq!(c, from(&[]).with_problems(c.problems.clone()), "every value ignored: the defaults");
+        assert_eq!(c.problems.len(), bad.len(), "{:?}", c.problems);
+        for ((name, value), problem) in bad.iter().zip(&c.problems) {
+            assert!(problem.starts_with(&format!("{name}={value} is not ")), "{problem}");
+        }
+    }
+
+    #[test]
+    fn values_out_of_range_are_reported_and_ignored() {
+        let c = from(&[
+            ("EDGELLM_ALLREDUCE_MAX_BLOCKS", "0"),
+            ("EDGELLM_ALLREDUCE_WORKSPACE_BYTES", "18446744073709551615"),
+        ]);
+        assert_eq!((c.max_blocks, c.workspace_bytes), (None, None));
         assert_eq!(c.problems.len(), 2, "{:?}", c.problems);
-        assert!(c.problems[0].contains("EDGELLM_ALLREDUCE_STRATEGY=fast"));
+        let c = from(&[("EDGELLM_ALLREDUCE_MAX_BLOCKS", "129")]);
+        assert_eq!(c.max_blocks, None);
+        let c = from(&[("EDGELLM_ALLREDUCE_WORKSPACE_BYTES", "1099511627776"), ("EDGELLM_ALLREDUCE_MAX_BLOCKS", "128")]);
+        assert_eq!((c.workspace_bytes, c.max_blocks), (Some(1 << 40), Some(128)), "the bounds themselves are taken");
     }
 
     #[test]
@@ -148,5 +198,12 @@ mod tests {
         assert_eq!(parse_requested(" NCCL "), Some(Requested::Nccl));
         assert_eq!(parse_requested("lamport"), Some(Requested::Lamport));
         assert_eq!(parse_requested("fast"), None);
+    }
+
+    impl Config {
+        fn with_problems(mut self, problems: Vec<String>) -> Config {
+            self.problems = problems;
+            self
+        }
     }
 }

@@ -5,13 +5,29 @@
 
 use std::ffi::c_void;
 
-/// Names the kernels' cross-rank protocol and the exchange record's layout ("EAR5" read as
-/// big-endian bytes). Ranks running builds with different ids never form a group: each
-/// rejects the other's records, so all fall back to NCCL together instead of waiting on each
-/// other in kernels whose protocols no longer match. "EAR4": flag values
-/// `flag_value(seq, i) = 64*seq + i + 1` (the two-shot above 8 MiB publishes one flag per chunk).
-/// "EAR5": the two-shot at 4 and more ranks pulls between flag barriers (twoshot_wide.cu).
-pub const EAR_PROTOCOL_ID: u32 = 0x4541_5235;
+/// Names the kernels' cross-rank protocol and the exchange record's layout ("EAR6" read as
+/// big-endian bytes): the one id of the contract (there is no other version number). Ranks
+/// running builds with different ids never form a group: each rejects the other's records, so
+/// all fall back to NCCL together instead of waiting on each other in kernels whose protocols
+/// no longer match. "EAR4": flag values `flag_value(seq, i) = 64*seq + i + 1` (the two-shot
+/// above 8 MiB publishes one flag per chunk). "EAR5": bounded waits, the abort word after the
+/// signal slots, the fault word and timeout in the parameters, a 256-byte exchange record.
+/// "EAR6": EAR5's bounded waits together with the two-shot at 4 and more ranks that pulls
+/// between flag barriers (twoshot_wide.cu).
+pub const EAR_PROTOCOL_ID: u32 = 0x4541_5236;
+
+/// Fault codes: what a kernel writes into its fault word (`EarAllReduceParams::fault`, as
+/// `generation << 8 | code`) and what a group's abort word holds (0: the group is live).
+/// The values are also the C API's (`edgellmAllReduceLastError`).
+///
+/// A wait for a peer took longer than `timeout_ns`: the kernel stopped waiting (its output is
+/// wrong) and aborted the group on every rank.
+pub const EAR_FAULT_TIMEOUT: u32 = 1;
+/// The group was aborted (a peer gave up waiting): the kernel did nothing, or stopped waiting.
+pub const EAR_FAULT_ABORTED: u32 = 2;
+/// The group was released by the host (a CUDA graph captured before the release was
+/// replayed): the kernel did nothing.
+pub const EAR_FAULT_RELEASED: u32 = 3;
 
 /// Most ranks a kernel serves (the size of `peer_ws`).
 pub const EAR_MAX_RANKS: usize = 16;
@@ -29,7 +45,7 @@ pub const EAR_BLOCK_THREADS: u32 = 512;
 #[allow(dead_code)]
 pub const EAR_FUSED_MAX_THREADS: u32 = 512;
 
-/// The only kernel argument of the plain families, passed by value. 176 bytes, 8-byte aligned,
+/// The only kernel argument of the plain families, passed by value. 200 bytes, 8-byte aligned,
 /// no implicit padding (64-bit targets only).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -51,10 +67,20 @@ pub struct EarAllReduceParams {
     pub rank: i32,
     /// Number of ranks; must equal the N of the kernel's name.
     pub nranks: i32,
+    /// This rank's fault word, in host-visible memory (mapped pinned): the kernel writes
+    /// `generation << 8 | EAR_FAULT_*` there when it gives up or finds its group aborted, so
+    /// the host reads it without synchronizing. NULL: not recorded.
+    pub fault: *mut u64,
+    /// Longest a wait for a peer may take, in nanoseconds (`%globaltimer`); 0: no bound.
+    pub timeout_ns: u64,
+    /// The group's generation (>= 1), recorded with a fault so the host tells groups apart.
+    pub generation: u32,
+    /// Zero.
+    pub reserved: u32,
 }
 
 /// The only argument of the fused all-reduce + residual (+ bias) + RMSNorm kernels, passed by
-/// value. 232 bytes, 8-byte aligned, no implicit padding (64-bit targets only).
+/// value. 256 bytes, 8-byte aligned, no implicit padding (64-bit targets only).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct EarFusedParams {
@@ -88,14 +114,15 @@ mod tests {
     #[test]
     fn parameter_blocks_have_the_sizes_the_kernels_assert() {
         // kernels/allreduce_params.h static_asserts the same sizes on the C side.
-        assert_eq!(size_of::<EarAllReduceParams>(), 176);
+        assert_eq!(size_of::<EarAllReduceParams>(), 200);
         assert_eq!(offset_of!(EarAllReduceParams, rank), 168);
-        assert_eq!(size_of::<EarFusedParams>(), 232);
-        assert_eq!(offset_of!(EarFusedParams, eps), 228);
+        assert_eq!(offset_of!(EarAllReduceParams, fault), 176);
+        assert_eq!(size_of::<EarFusedParams>(), 256);
+        assert_eq!(offset_of!(EarFusedParams, eps), 252);
     }
 
     #[test]
-    fn the_protocol_id_reads_ear5() {
-        assert_eq!(&EAR_PROTOCOL_ID.to_be_bytes(), b"EAR5");
+    fn the_protocol_id_reads_ear6() {
+        assert_eq!(&EAR_PROTOCOL_ID.to_be_bytes(), b"EAR6");
     }
 }

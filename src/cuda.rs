@@ -205,8 +205,10 @@ impl Function {
     }
 }
 
-/// Loads a fatbin into the current context and resolves `names` (missing names are None).
-pub fn load_module(image: &[u8], names: &[String]) -> Result<Vec<Option<Function>>> {
+/// Loads a fatbin into the current context and resolves `names`: None for those not in
+/// `defined` (what the module defines; the driver is asked for every name when it is empty) or
+/// not found.
+pub fn load_module(image: &[u8], names: &[String], defined: &[&str]) -> Result<Vec<Option<Function>>> {
     driver()?;
     // SAFETY: `image` is a complete fatbin (embedded at build time); the module is never
     // unloaded, so the functions stay valid for the life of the process.
@@ -214,7 +216,10 @@ pub fn load_module(image: &[u8], names: &[String]) -> Result<Vec<Option<Function
     names
         .iter()
         .map(|name| {
-            let c_name = std::ffi::CString::new(name.as_str()).expect("kernel names have no NUL");
+            if !defined.is_empty() && !defined.contains(&name.as_str()) {
+                return Ok(None);
+            }
+            let c_name = std::ffi::CString::new(name.as_str()).map_err(|_| Error::NoKernel(name.clone()))?;
             // SAFETY: a loaded module and a NUL-terminated name.
             match unsafe { result::module::get_function(module, c_name) } {
                 Ok(f) => Ok(Some(Function(f))),
@@ -322,6 +327,102 @@ pub fn with_scratch_stream<T>(
     // SAFETY: no work is left on the stream (synchronized, or nothing was enqueued).
     let _ = unsafe { result::stream::destroy(stream) };
     outcome
+}
+
+/// A zero-filled page-locked host allocation of `bytes`, mapped into the address space of every
+/// context (portable, device-mapped): kernels write it, the host reads it with plain loads,
+/// without synchronizing. Returns its address, which unified addressing makes the device
+/// address too. Never freed (it lives as long as the process). Needs a current context.
+pub fn mapped_host_page(bytes: usize) -> Result<usize> {
+    driver()?;
+    let flags = sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP;
+    // SAFETY: allocates `bytes`; the page is owned by the caller from here on.
+    let host = unsafe { result::malloc_host(bytes, flags) }.map_err(cuda("cuMemHostAlloc"))?;
+    // SAFETY: the allocation holds `bytes` bytes.
+    unsafe { std::ptr::write_bytes(host.cast::<u8>(), 0, bytes) };
+    let mut device: sys::CUdeviceptr = 0;
+    // SAFETY: a device-mapped allocation of this process; valid out-pointer.
+    let mapped = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device, host, 0) }.result();
+    match mapped {
+        Ok(()) if device == host as u64 => Ok(host as usize),
+        other => {
+            // SAFETY: the allocation above, unused.
+            let _ = unsafe { result::free_host(host) };
+            let e = other.err().unwrap_or(result::DriverError(sys::CUresult::CUDA_ERROR_NOT_SUPPORTED));
+            Err(cuda("cuMemHostGetDevicePointer (unified addressing)")(e))
+        }
+    }
+}
+
+/// Keeps `value` alive as long as the CUDA graph being captured on `stream`, and every
+/// executable graph made from it: a user object owns it, and the driver drops it when the last
+/// of them is destroyed (on a thread of the driver's: the drop must call no CUDA function).
+/// Returns false, dropping `value` at once, when the stream is not capturing.
+pub fn tie_to_capture<T: Send + 'static>(stream: Stream, value: T) -> Result<bool> {
+    if !is_capturing(stream)? {
+        return Ok(false);
+    }
+    type CaptureInfo = unsafe extern "C" fn(
+        sys::CUstream,
+        *mut sys::CUstreamCaptureStatus,
+        *mut sys::cuuint64_t,
+        *mut sys::CUgraph,
+        *mut *const sys::CUgraphNode,
+        *mut *const sys::CUgraphEdgeData,
+        *mut usize,
+    ) -> sys::CUresult;
+    // Looked up here rather than through cudarc, which panics on a driver without it (< 12.3).
+    // SAFETY: the driver's function of this signature, if it has it.
+    let info = unsafe { sys::culib().get::<CaptureInfo>(b"cuStreamGetCaptureInfo_v3\0") }
+        .map_err(|_| Error::DriverLacks("cuStreamGetCaptureInfo_v3 (CUDA 12.3)"))?;
+    let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    let mut graph: sys::CUgraph = std::ptr::null_mut();
+    let none = std::ptr::null_mut();
+    // SAFETY: the caller's stream of the current context; the optional outputs are null.
+    unsafe { info(stream.raw(), &mut status, none, &mut graph, none.cast(), none.cast(), none.cast()) }
+        .result()
+        .map_err(cuda("cuStreamGetCaptureInfo"))?;
+    if status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE {
+        return Ok(false);
+    }
+    unsafe extern "C" fn release<T>(value: *mut std::ffi::c_void) {
+        // A driver thread: nothing may unwind out of it.
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            // SAFETY: the Box tie_to_capture leaked into the user object, released once.
+            drop(unsafe { Box::from_raw(value.cast::<T>()) })
+        }));
+    }
+    let boxed = Box::into_raw(Box::new(value)).cast::<std::ffi::c_void>();
+    let mut object: sys::CUuserObject = std::ptr::null_mut();
+    let flags = sys::CUuserObject_flags::CU_USER_OBJECT_NO_DESTRUCTOR_SYNC as u32;
+    // SAFETY: the user object owns `boxed` from here on; `release` frees it exactly once.
+    if let Err(e) = unsafe { sys::cuUserObjectCreate(&mut object, boxed, Some(release::<T>), 1, flags) }.result() {
+        // SAFETY: not handed over: still ours.
+        drop(unsafe { Box::from_raw(boxed.cast::<T>()) });
+        return Err(cuda("cuUserObjectCreate")(e));
+    }
+    let moved = sys::CUuserObjectRetain_flags::CU_GRAPH_USER_OBJECT_MOVE as u32;
+    // SAFETY: the graph being captured; our one reference moves to it.
+    if let Err(e) = unsafe { sys::cuGraphRetainUserObject(graph, object, 1, moved) }.result() {
+        // SAFETY: our reference: releasing it runs `release` (the value is dropped).
+        let _ = unsafe { sys::cuUserObjectRelease(object, 1) };
+        return Err(cuda("cuGraphRetainUserObject")(e));
+    }
+    Ok(true)
+}
+
+/// Waits for the current context's work (setup and teardown only).
+pub fn synchronize() -> Result<()> {
+    driver()?;
+    result::ctx::synchronize().map_err(cuda("cuCtxSynchronize"))
+}
+
+/// Writes the 32-bit word at `ptr` (a device address of the current context), synchronously
+/// (setup and teardown only).
+pub fn write_word(ptr: DevicePtr, value: u32) -> Result<()> {
+    driver()?;
+    // SAFETY: the caller's device word.
+    unsafe { sys::cuMemsetD32_v2(ptr.0, value, 1) }.result().map_err(cuda("cuMemsetD32"))
 }
 
 /// Host-to-device and device-to-host copies of setup-time scratch (synchronous).

@@ -75,8 +75,17 @@ pub enum Error {
     #[error("rank {0} of this group is not driven by this process")]
     RankNotLocal(i32),
 
-    #[error("not every rank could set up or map the workspaces (ranks on several hosts, no IPC between the devices, or different settings)")]
-    ExchangeRefused,
+    #[error("the ranks did not agree on the custom all-reduce: {0}")]
+    ExchangeRefused(String),
+
+    #[error("device {device}: a custom all-reduce failed: {why}. Its group is retired: every all-reduce on this device fails until edgellmAllReduceReleaseWorkspaces (then NCCL) or edgellmAllReduceSetupWorkspaces (a new group) on every rank")]
+    GroupFault { device: i32, why: &'static str },
+
+    #[error("the group was released: its workspaces take no more launches")]
+    Released,
+
+    #[error("CUDA device ordinal {0} is out of range")]
+    DeviceOrdinal(i32),
 
     #[error("the registered ncclAllReduce is not in a loaded NCCL library")]
     NotNccl,
@@ -101,6 +110,9 @@ pub enum Error {
     /// The driver's `CUresult`, by name (`CUDA_ERROR_OUT_OF_MEMORY`, ...).
     #[error("CUDA call {call} failed with {:?}", .source.0)]
     Cuda { call: &'static str, source: DriverError },
+
+    #[error("the CUDA driver has no {0}: a newer driver is needed for this call")]
+    DriverLacks(&'static str),
 
     #[error("ncclAllReduce failed with ncclResult_t {0}")]
     Nccl(i32),

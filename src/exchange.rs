@@ -2,34 +2,78 @@
 //!
 //! Every rank allocates its workspace, the IPC handles go round through the registered
 //! communicator's own NCCL (`ncclAllGather`), each rank maps its peers', and a second gather
-//! makes every rank agree: the group forms on all ranks or on none (ranks on other hosts, an IPC
-//! failure, different settings or builds: NCCL for all). A collective: every rank must call it
-//! (each from its own thread or process); it blocks until all have. Every rank takes part in
-//! both gathers even after a local failure, so none waits forever.
+//! makes every rank agree: the group forms on all ranks or on none. The first gather also
+//! carries everything the ranks must agree on for their kernels to meet (the protocol id, the
+//! rank count and order, the host, and every setting that changes which kernel a call runs:
+//! [`Settings`]); ranks that differ all use NCCL, each logging the same line that names the
+//! difference. A collective: every rank must call it (each from its own thread or process); it
+//! blocks until all have. Every rank takes part in both gathers even after a local failure, so
+//! none waits forever.
 
 use crate::communicator::{self, CommInfo};
+use crate::config::Requested;
 use crate::contract::{EAR_MAX_BLOCKS, EAR_PROTOCOL_ID};
 use crate::cuda::{self, IpcMapping};
 use crate::error::{Error, Result};
-use crate::family::RANK_COUNTS;
 use crate::group::{self, Group, Member};
 use crate::registry::Registration;
 
+/// The settings that decide which kernel a call runs, and so must be the same on every rank.
+/// (The grid cap may differ: the group takes the smallest. The timeout and PDL act on one rank
+/// alone.)
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Settings {
+    /// `EDGELLM_ALLREDUCE_STRATEGY` (it overrides every plugin's field): 0 unset, else
+    /// 1 + the strategy's position in [`STRATEGIES`].
+    pub strategy: u32,
+    /// The largest message the workspaces take (`EDGELLM_ALLREDUCE_WORKSPACE_BYTES`, else the
+    /// rule): it decides which calls fit the custom kernels.
+    pub max_bytes: u64,
+    /// AUTO's tables (`crate::strategy`), hashed: two builds that choose differently for a size
+    /// never pair their kernels.
+    pub tables: u64,
+}
+
+const STRATEGIES: [Requested; 5] = [Requested::Nccl, Requested::OneShot, Requested::TwoShot, Requested::Lamport, Requested::Auto];
+
+impl Settings {
+    /// This process's settings for a communicator of `nranks`.
+    pub fn local(nranks: i32) -> Settings {
+        let strategy = crate::config().strategy.and_then(|s| STRATEGIES.iter().position(|&k| k == s)).map_or(0, |i| i as u32 + 1);
+        Settings { strategy, max_bytes: group::max_message_bytes(nranks), tables: tables_fingerprint() }
+    }
+
+    fn strategy_name(&self) -> String {
+        match self.strategy.checked_sub(1).and_then(|i| STRATEGIES.get(i as usize)) {
+            None => "unset".to_owned(),
+            Some(s) => format!("{s:?}").to_uppercase(),
+        }
+    }
+}
+
+/// FNV-1a of AUTO's tables as the build spells them.
+fn tables_fingerprint() -> u64 {
+    let text = format!("{:?}{:?}", crate::strategy::AUTO_TABLE, crate::strategy::FUSED_AUTO_TABLE);
+    text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, c| (h ^ c as u64).wrapping_mul(0x100_0000_01b3))
+}
+
 /// What each rank contributes to the exchange (a fixed little-endian record).
+#[derive(Clone, Copy, Debug, PartialEq)]
 struct Record {
     ok: bool,
     nranks: i32,
     rank: i32,
-    max_bytes: u64,
     host: u64,
     handle: [u8; 64],
     /// This rank's grid cap; the group takes the smallest.
     max_blocks: u32,
+    settings: Settings,
 }
 
-/// The record starts with [`EAR_PROTOCOL_ID`]: ranks of builds with another kernel protocol
-/// reject each other's records.
-const RECORD_BYTES: usize = 104;
+/// The record's size: fixed for good (the gather needs the same size on every rank, and ranks
+/// of builds with another protocol must still read each other's id to reject it). It starts
+/// with [`EAR_PROTOCOL_ID`]; the bytes after the last field are zero.
+const RECORD_BYTES: usize = 256;
 
 impl Record {
     fn encode(&self) -> [u8; RECORD_BYTES] {
@@ -38,10 +82,12 @@ impl Record {
         b[4..8].copy_from_slice(&(self.ok as u32).to_le_bytes());
         b[8..12].copy_from_slice(&self.nranks.to_le_bytes());
         b[12..16].copy_from_slice(&self.rank.to_le_bytes());
-        b[16..24].copy_from_slice(&self.max_bytes.to_le_bytes());
+        b[16..24].copy_from_slice(&self.settings.max_bytes.to_le_bytes());
         b[24..32].copy_from_slice(&self.host.to_le_bytes());
         b[32..96].copy_from_slice(&self.handle);
         b[96..100].copy_from_slice(&self.max_blocks.to_le_bytes());
+        b[100..104].copy_from_slice(&self.settings.strategy.to_le_bytes());
+        b[104..112].copy_from_slice(&self.settings.tables.to_le_bytes());
         b
     }
     fn decode(b: &[u8]) -> Option<Record> {
@@ -51,28 +97,52 @@ impl Record {
             ok: u32_at(4) == 1,
             nranks: u32_at(8) as i32,
             rank: u32_at(12) as i32,
-            max_bytes: u64_at(16),
             host: u64_at(24),
             handle: b[32..96].try_into().unwrap(),
             max_blocks: u32_at(96),
+            settings: Settings { strategy: u32_at(100), max_bytes: u64_at(16), tables: u64_at(104) },
         })
     }
 }
 
-/// Whether every rank can join: each record valid and ready, in rank order, with this rank's
-/// rank count, workspace size and host. Every rank evaluates the same records, so all agree.
-fn agree(records: &[Option<Record>], mine: &Record) -> bool {
-    records.len() == mine.nranks as usize
-        && records.iter().enumerate().all(|(r, rec)| {
-            rec.as_ref().is_some_and(|rec| {
-                rec.ok
-                    && rec.nranks == mine.nranks
-                    && rec.rank == r as i32
-                    && rec.max_bytes == mine.max_bytes
-                    && rec.host == mine.host
-                    && (1..=EAR_MAX_BLOCKS).contains(&rec.max_blocks)
-            })
-        })
+/// Whether every rank can join, and the group's grid cap if so; else the first difference, in
+/// words. Each record is compared with rank 0's (and the rank count with `nranks`), so every
+/// rank, evaluating the same records, reaches the same verdict and logs the same line.
+fn agree(records: &[Option<Record>], nranks: i32) -> std::result::Result<u32, String> {
+    if records.len() != nranks as usize {
+        return Err(format!("{} records for {nranks} ranks", records.len()));
+    }
+    let Some(first) = records[0] else { return Err(not_ours(0)) };
+    for (r, rec) in records.iter().enumerate() {
+        let Some(rec) = rec else { return Err(not_ours(r)) };
+        let (s, s0) = (rec.settings, first.settings);
+        let difference = if rec.nranks != nranks || rec.rank != r as i32 {
+            format!("rank {r} reports rank {} of {} ranks", rec.rank, rec.nranks)
+        } else if rec.host != first.host {
+            format!("rank {r} runs on another host than rank 0: across hosts all-reduce uses NCCL")
+        } else if s.strategy != s0.strategy {
+            format!("EDGELLM_ALLREDUCE_STRATEGY is {} on rank {r}, {} on rank 0", s.strategy_name(), s0.strategy_name())
+        } else if s.max_bytes != s0.max_bytes {
+            format!(
+                "the workspace takes messages up to {} bytes on rank {r}, {} on rank 0 (EDGELLM_ALLREDUCE_WORKSPACE_BYTES)",
+                s.max_bytes, s0.max_bytes
+            )
+        } else if s.tables != s0.tables {
+            format!("rank {r} chooses kernels by other AUTO tables than rank 0 (another build of the library)")
+        } else if !(1..=EAR_MAX_BLOCKS).contains(&rec.max_blocks) {
+            format!("rank {r} reports a grid cap of {} CTAs", rec.max_blocks)
+        } else if !rec.ok {
+            format!("rank {r} has no workspace to share (the custom kernels are off there, or it could not allocate or export one)")
+        } else {
+            continue;
+        };
+        return Err(difference);
+    }
+    Ok(records.iter().flatten().map(|r| r.max_blocks).min().unwrap_or(1))
+}
+
+fn not_ours(r: usize) -> String {
+    format!("rank {r}'s record is not this build's (another kernel protocol than {:?}) or is garbled", std::str::from_utf8(&EAR_PROTOCOL_ID.to_be_bytes()).unwrap_or("?"))
 }
 
 /// FNV-1a of the host name: ranks on different hosts never form a group (multi-node: NCCL).
@@ -83,31 +153,35 @@ fn host_id() -> u64 {
     name.iter().take_while(|&&c| c != 0).fold(0xcbf2_9ce4_8422_2325u64, |h, &c| (h ^ c as u64).wrapping_mul(0x100_0000_01b3))
 }
 
-/// The exchange for `device`, rank `info.rank` of `registration`'s communicator.
-pub(crate) fn exchange(device: i32, registration: &Registration, info: CommInfo) -> Result<Group> {
-    let max_bytes = group::max_message_bytes(info.nranks);
+/// The exchange for `device`, rank `info.rank` of `registration`'s communicator (whose rank
+/// count has kernels: the caller checked, as every rank does). `disabled`: the custom kernels
+/// are off in this process; it takes part without a workspace, so that every rank uses NCCL.
+pub(crate) fn exchange(device: i32, registration: &Registration, info: CommInfo, disabled: bool) -> Result<Group> {
+    let settings = Settings::local(info.nranks);
+    let max_bytes = settings.max_bytes;
     cuda::with_device(device, || {
-        let member = RANK_COUNTS.contains(&info.nranks).then(|| Member::allocate(device, max_bytes, info.nranks)).and_then(|m| m.ok());
+        crate::reclaim::free_released_memory();
+        let member = (!disabled).then(|| Member::allocate(device, max_bytes, info.nranks)).and_then(|m| m.ok());
         let handle = member.as_ref().and_then(|m| cuda::ipc_handle(m.workspace.ptr()).ok());
         let mine = Record {
             ok: handle.is_some(),
             nranks: info.nranks,
             rank: info.rank,
-            max_bytes,
             host: host_id(),
             handle: handle.unwrap_or([0; 64]),
             max_blocks: group::device_max_blocks(device).unwrap_or(1),
+            settings,
         };
         let gathered = communicator::all_gather(registration, info.nranks, &mine.encode());
         // A rank that could not allocate has no group; it still takes part in both gathers.
         let mut group = member.as_ref().and_then(|_| Group::empty(info.nranks, max_bytes, 1).ok());
-        let mut mapped_all = false;
+        let mut verdict_here = Err("the first gather failed".to_owned());
         if let (Ok(all), Some(m), Some(group)) = (&gathered, &member, &mut group) {
             let records: Vec<Option<Record>> = all.chunks_exact(RECORD_BYTES).map(Record::decode).collect();
-            if agree(&records, &mine) {
-                mapped_all = true;
+            verdict_here = agree(&records, info.nranks);
+            if let Ok(max_blocks) = verdict_here {
                 // Every rank sees the same records: the same grid cap everywhere.
-                group.max_blocks = records.iter().flatten().map(|r| r.max_blocks).min().unwrap_or(1);
+                group.max_blocks = max_blocks;
                 for (r, rec) in records.iter().flatten().enumerate() {
                     if r as i32 == info.rank {
                         group.peer_ws[r] = m.workspace.ptr();
@@ -120,21 +194,27 @@ pub(crate) fn exchange(device: i32, registration: &Registration, info: CommInfo)
                         }
                         Err(e) => {
                             crate::log::warning(&format!("device {device}: mapping rank {r}'s workspace: {e}"));
-                            mapped_all = false;
+                            verdict_here = Err(format!("rank {} could not map rank {r}'s workspace", info.rank));
                         }
                     }
                 }
             }
+        } else if let Ok(all) = &gathered {
+            // No workspace here: still say why the others will not form a group.
+            verdict_here = agree(&all.chunks_exact(RECORD_BYTES).map(Record::decode).collect::<Vec<_>>(), info.nranks).map(|_| 0);
         }
         // Second round: everyone learns whether everyone mapped everything.
-        let verdict = communicator::all_gather(registration, info.nranks, &[mapped_all as u8]);
+        let verdict = communicator::all_gather(registration, info.nranks, &[verdict_here.is_ok() as u8]);
         if let (Some(group), Some(m)) = (&mut group, member) {
             group.members[info.rank as usize] = Some(m); // from here on Drop releases it
         }
         match (gathered, verdict, group) {
             (Ok(_), Ok(flags), Some(group)) if flags.iter().all(|&f| f == 1) => Ok(group),
             (Err(e), _, _) | (_, Err(e), _) => Err(e),
-            _ => Err(Error::ExchangeRefused),
+            (_, Ok(flags), _) => Err(Error::ExchangeRefused(match verdict_here {
+                Err(why) => why,
+                Ok(_) => format!("rank {} could not map every workspace", flags.iter().position(|&f| f != 1).unwrap_or(0)),
+            })),
         }
     })
 }
@@ -143,8 +223,10 @@ pub(crate) fn exchange(device: i32, registration: &Registration, info: CommInfo)
 mod tests {
     use super::*;
 
+    const SETTINGS: Settings = Settings { strategy: 0, max_bytes: 16_000_000, tables: 0x1234 };
+
     fn record(rank: i32) -> Record {
-        Record { ok: true, nranks: 2, rank, max_bytes: 16_000_000, host: host_id(), handle: [rank as u8; 64], max_blocks: 128 - rank as u32 }
+        Record { ok: true, nranks: 2, rank, host: host_id(), handle: [rank as u8; 64], max_blocks: 128 - rank as u32, settings: SETTINGS }
     }
     fn round_trip(r: &Record) -> Option<Record> {
         Record::decode(&r.encode())
@@ -152,39 +234,62 @@ mod tests {
 
     #[test]
     fn exchange_records_round_trip() {
-        let r = round_trip(&record(1)).unwrap();
-        assert_eq!((r.ok, r.nranks, r.rank, r.max_bytes, r.host, r.handle, r.max_blocks), (true, 2, 1, 16_000_000, host_id(), [1; 64], 127));
+        let mut r = record(1);
+        r.settings.strategy = 4;
+        assert_eq!(round_trip(&r), Some(r));
+        assert_eq!(r.encode().len(), 256, "the record's size never changes");
         assert!(Record::decode(&[0u8; RECORD_BYTES]).is_none(), "no magic, no record");
         assert!(Record::decode(&[0u8; 8]).is_none());
-        let mut older = record(1).encode();
-        older[0..4].copy_from_slice(&0x4541_5234u32.to_le_bytes()); // "EAR4": a polled two-shot at 4+ ranks
-        assert!(Record::decode(&older).is_none(), "a build with the previous kernel protocol");
+        for older in [0x4541_5232u32, 0x4541_5234, 0x4541_5235] {
+            // "EAR2": two-shot with a barrier; "EAR4": unbounded waits, no abort word; "EAR5":
+            // either bounded waits or the pulling two-shot at 4+ ranks, not both.
+            let mut b = record(1).encode();
+            b[0..4].copy_from_slice(&older.to_le_bytes());
+            assert!(Record::decode(&b).is_none(), "a build with an earlier kernel protocol");
+        }
+    }
+
+    /// The verdict of two ranks when rank 1's record is changed by `f`.
+    fn verdict(f: &dyn Fn(&mut Record)) -> std::result::Result<u32, String> {
+        let mut one = record(1);
+        f(&mut one);
+        agree(&[round_trip(&record(0)), round_trip(&one)], 2)
     }
 
     #[test]
-    fn all_ranks_join_or_none() {
-        let mine = record(0);
-        let all = |f: &dyn Fn(&mut Record)| {
-            (0..2)
-                .map(|r| {
-                    let mut rec = record(r);
-                    if r == 1 {
-                        f(&mut rec);
-                    }
-                    round_trip(&rec)
-                })
-                .collect::<Vec<_>>()
-        };
-        assert!(agree(&all(&|_| {}), &mine));
-        assert!(!agree(&all(&|r| r.ok = false), &mine), "a rank that could not allocate");
-        assert!(!agree(&all(&|r| r.host ^= 1), &mine), "a rank on another host: multi-node uses NCCL");
-        assert!(!agree(&all(&|r| r.max_bytes = 8_000_000), &mine), "different workspace settings");
-        assert!(!agree(&all(&|r| r.rank = 0), &mine), "ranks out of order");
-        assert!(!agree(&all(&|r| r.nranks = 4), &mine));
-        assert!(agree(&all(&|r| r.max_blocks = 66), &mine), "grid caps may differ: the group takes the smallest");
-        assert!(!agree(&all(&|r| r.max_blocks = 0), &mine), "a grid cap out of range");
-        assert!(!agree(&all(&|r| r.max_blocks = EAR_MAX_BLOCKS + 1), &mine));
-        assert!(!agree(&[round_trip(&mine), None], &mine), "a garbled record");
-        assert!(!agree(&[round_trip(&mine)], &mine), "a missing rank");
+    fn all_ranks_join_or_none_and_the_log_names_the_difference() {
+        assert_eq!(verdict(&|_| {}), Ok(127), "the smallest grid cap");
+        assert_eq!(verdict(&|r| r.max_blocks = 66), Ok(66), "grid caps may differ: the group takes the smallest");
+        let refused = [
+            (verdict(&|r| r.ok = false), "rank 1 has no workspace"),
+            (verdict(&|r| r.host ^= 1), "rank 1 runs on another host"),
+            (verdict(&|r| r.settings.max_bytes = 8_000_000), "up to 8000000 bytes on rank 1, 16000000 on rank 0"),
+            (verdict(&|r| r.settings.strategy = 1), "EDGELLM_ALLREDUCE_STRATEGY is NCCL on rank 1, unset on rank 0"),
+            (verdict(&|r| r.settings.strategy = 4), "is LAMPORT on rank 1"),
+            (verdict(&|r| r.settings.tables ^= 1), "other AUTO tables"),
+            (verdict(&|r| r.rank = 0), "rank 1 reports rank 0 of 2"),
+            (verdict(&|r| r.nranks = 4), "rank 1 reports rank 1 of 4"),
+            (verdict(&|r| r.max_blocks = 0), "grid cap of 0"),
+            (verdict(&|r| r.max_blocks = EAR_MAX_BLOCKS + 1), "grid cap of 129"),
+            (agree(&[round_trip(&record(0)), None], 2), "rank 1's record is not this build's (another kernel protocol than \"EAR6\")"),
+            (agree(&[round_trip(&record(0))], 2), "1 records for 2 ranks"),
+        ];
+        for (v, says) in refused {
+            let why = v.expect_err(says);
+            assert!(why.contains(says), "{why:?} should say {says:?}");
+        }
+        // The same verdict on every rank: it depends on the records, not on who evaluates them.
+        let records = [round_trip(&record(0)), round_trip(&Record { ok: false, ..record(1) })];
+        assert_eq!(agree(&records, 2), agree(&records.clone(), 2));
+    }
+
+    #[test]
+    fn the_local_settings_name_every_knob_that_changes_the_path() {
+        let s = Settings::local(2);
+        assert_eq!(s.max_bytes, group::max_message_bytes(2));
+        assert_eq!(s.tables, tables_fingerprint(), "a pure function of the build");
+        assert_ne!(s.tables, 0);
+        assert_eq!(Settings { strategy: 5, ..s }.strategy_name(), "AUTO");
+        assert_eq!(Settings { strategy: 0, ..s }.strategy_name(), "unset");
     }
 }

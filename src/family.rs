@@ -150,6 +150,12 @@ pub(crate) fn lamport_max_bytes(max_msg_bytes: u64) -> u64 {
     unsafe { ear_lamport_max_msg(max_msg_bytes) }
 }
 
+/// Offset of the abort word in a workspace (after the signal slots).
+pub(crate) fn abort_offset() -> u64 {
+    // SAFETY: returns a constant.
+    unsafe { ear_abort_offset() }
+}
+
 /// Bytes of one rank's local state block.
 pub(crate) fn state_bytes() -> usize {
     // SAFETY: returns a constant.
@@ -168,6 +174,7 @@ extern "C" {
     fn ear_lamport_block(vecs: u64, max_blocks: u32) -> u32;
     fn ear_lamport_grid(vecs: u64, max_blocks: u32) -> u32;
     fn ear_state_bytes() -> u32;
+    fn ear_abort_offset() -> u64;
     #[cfg(test)]
     fn ear_params_size() -> u64;
     #[cfg(test)]
@@ -205,6 +212,7 @@ mod tests {
         assert_eq!(lamport_max_bytes(16 << 20), 2 << 20);
         assert_eq!(lamport_max_bytes(1 << 20), 1 << 20);
         assert_eq!(state_bytes(), 32 * EAR_MAX_BLOCKS as usize, "one copy of the counters per CTA index");
+        assert_eq!(abort_offset(), 8 * EAR_MAX_BLOCKS as u64 * crate::contract::EAR_MAX_RANKS as u64, "the abort word follows the signal slots");
     }
 
     #[test]

@@ -1,16 +1,24 @@
 //! One group's memory: the ranks of one communicator that this process drives with the custom
-//! kernels, per rank a workspace (staging buffers and barrier slots that peers read and write)
-//! and a local state block (call counters that only the kernels advance: CUDA-graph safe),
-//! allocated once, zero-filled, freed when the group goes. Sizes follow
-//! `kernels/allreduce_params.h` ([`family::workspace_bytes`]). Which devices form a group is
-//! `crate::groups`'s business; [`Group::simulated`] puts N ranks on one device for tests and
-//! benchmarks.
+//! kernels, per rank a workspace (staging buffers and barrier slots that peers read and write,
+//! and the abort word) and a local state block (call counters that only the kernels advance:
+//! CUDA-graph safe), allocated once and zero-filled. Sizes follow `kernels/allreduce_params.h`
+//! ([`family::workspace_bytes`]). Which devices form a group is `crate::groups`'s business;
+//! [`Group::simulated`] puts N ranks on one device for tests and benchmarks.
+//!
+//! Lifetime: a group has a generation (its faults name it, `crate::fault`). Released, it is
+//! retired (its abort words set, after its devices finished their work: a CUDA graph that
+//! still replays its kernels finds them aborted and records a fault). Its memory is freed only
+//! once the last reference goes, and CUDA graphs that captured its kernels hold references
+//! (`cuda::tie_to_capture`); even then it is only handed to `crate::reclaim`, which frees it at
+//! the runtime's next setup or teardown call.
 
-use crate::contract::{EAR_MAX_BLOCKS, EAR_MAX_RANKS};
-use crate::cuda::{self, DeviceBuffer, DevicePtr, IpcMapping};
+use crate::contract::{EAR_FAULT_RELEASED, EAR_MAX_BLOCKS, EAR_MAX_RANKS};
+use crate::cuda::{self, DeviceBuffer, DevicePtr, IpcMapping, Stream};
 use crate::error::{Error, Result};
+use crate::fault::{self, Fault};
 use crate::family::{self, RANK_COUNTS};
 use crate::kernels::{self, DeviceKernels};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 /// The seed's `getMaxRequiredWorkspaceSize`: the largest message the custom kernels take, per
@@ -27,10 +35,19 @@ fn max_blocks(sms: u32) -> u32 {
     crate::config().max_blocks.unwrap_or(EAR_MAX_BLOCKS).clamp(1, EAR_MAX_BLOCKS).min(sms.max(1))
 }
 
+/// `EDGELLM_ALLREDUCE_TIMEOUT_MS` in nanoseconds: the longest a kernel waits for a peer; at most
+/// 2^62 (146 years), so that the kernels' deadline (the clock plus this) never wraps.
+fn timeout_ns() -> u64 {
+    crate::config().timeout_ms.saturating_mul(1_000_000).min(1 << 62)
+}
+
 /// The grid cap of a rank on `device`.
 pub(crate) fn device_max_blocks(device: i32) -> Result<u32> {
     Ok(max_blocks(kernels::for_device(device)?.sm_count.max(1) as u32))
 }
+
+/// `Member::stream` before a stream claimed the rank.
+const NO_STREAM: usize = usize::MAX;
 
 /// One rank's memory on its device.
 pub(crate) struct Member {
@@ -38,6 +55,10 @@ pub(crate) struct Member {
     pub workspace: DeviceBuffer,
     pub state: DeviceBuffer,
     pub kernels: Arc<DeviceKernels>,
+    /// The device's fault word (`crate::fault`).
+    pub fault: DevicePtr,
+    /// The stream that runs this rank's custom all-reduces: the first that ran one.
+    stream: AtomicUsize,
 }
 
 impl Member {
@@ -45,9 +66,15 @@ impl Member {
     pub fn allocate(device: i32, max_bytes: u64, nranks: i32) -> Result<Member> {
         let kernels = kernels::for_device(device)?;
         kernels.require_all()?;
+        let fault = fault::word(device)?;
         let workspace = DeviceBuffer::zeroed(family::workspace_bytes(max_bytes, nranks) as usize)?;
         let state = DeviceBuffer::zeroed(family::state_bytes())?;
-        Ok(Member { device, workspace, state, kernels })
+        Ok(Member { device, workspace, state, kernels, fault, stream: AtomicUsize::new(NO_STREAM) })
+    }
+
+    /// The workspace's abort word (`kernels/allreduce_params.h`).
+    fn abort_word(&self) -> DevicePtr {
+        self.workspace.ptr().offset(family::abort_offset())
     }
 }
 
@@ -58,6 +85,12 @@ pub struct Group {
     pub max_bytes: u64,
     /// Grid cap: identical for every rank (the launch rule).
     pub max_blocks: u32,
+    /// Longest a kernel waits for a peer, in ns (0: no bound); `EDGELLM_ALLREDUCE_TIMEOUT_MS`.
+    pub timeout_ns: u64,
+    /// Unique in the process: a fault word names the group it came from.
+    pub generation: u32,
+    /// Released: launches are refused, the workspaces' abort words are set.
+    retired: AtomicBool,
     /// Indexed by rank: the ranks this process drives (all of them in-process, one after an
     /// IPC exchange).
     pub(crate) members: Vec<Option<Member>>,
@@ -70,6 +103,7 @@ pub struct Group {
 impl Group {
     /// Allocates one workspace per rank, rank `r` on `devices[r]`.
     fn allocate(devices: &[i32], max_bytes: u64, max_blocks: u32) -> Result<Group> {
+        crate::reclaim::free_released_memory();
         let nranks = devices.len() as i32;
         let mut group = Group::empty(nranks, max_bytes, max_blocks)?;
         for (rank, &device) in devices.iter().enumerate() {
@@ -85,8 +119,19 @@ impl Group {
         if !RANK_COUNTS.contains(&nranks) {
             return Err(Error::RankCount { nranks, supported: &RANK_COUNTS });
         }
+        static GENERATIONS: AtomicU32 = AtomicU32::new(0);
         let members = (0..nranks).map(|_| None).collect();
-        Ok(Group { nranks, max_bytes, max_blocks, members, imported: Vec::new(), peer_ws: [DevicePtr::NULL; EAR_MAX_RANKS] })
+        Ok(Group {
+            nranks,
+            max_bytes,
+            max_blocks,
+            timeout_ns: timeout_ns(),
+            generation: GENERATIONS.fetch_add(1, Ordering::Relaxed) + 1,
+            retired: AtomicBool::new(false),
+            members,
+            imported: Vec::new(),
+            peer_ws: [DevicePtr::NULL; EAR_MAX_RANKS],
+        })
     }
 
     /// The ranks of one communicator on distinct devices of this process, with peer access.
@@ -122,28 +167,68 @@ impl Group {
     pub(crate) fn kernels(&self) -> Option<&DeviceKernels> {
         self.members.iter().flatten().next().map(|m| &*m.kernels)
     }
+
+    /// A fault a kernel of this group recorded on one of this process's ranks (a plain load of
+    /// host memory: no synchronization). A group with a fault is dead on every rank.
+    pub fn fault(&self) -> Option<Fault> {
+        self.members.iter().flatten().find_map(|m| fault::read(m.device).filter(|r| r.generation == self.generation)).map(|r| r.fault)
+    }
+
+    /// Whether [`Group::retire`] ran.
+    pub fn is_retired(&self) -> bool {
+        self.retired.load(Ordering::Acquire)
+    }
+
+    /// Takes the group out of service (release, unregistration): launches are refused from now
+    /// on, and once each of this process's ranks' devices finished its work, its abort word is
+    /// set, so that a kernel of the group that still runs (a CUDA graph captured before,
+    /// replayed) does nothing and records [`Fault::Released`]. Setup and teardown only (it
+    /// synchronizes); the memory stays until the last reference goes.
+    pub fn retire(&self) {
+        if self.retired.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        for m in self.members.iter().flatten() {
+            if let Err(e) = cuda::with_device(m.device, || cuda::synchronize().and_then(|()| cuda::write_word(m.abort_word(), EAR_FAULT_RELEASED))) {
+                crate::log::warning(&format!("device {}: retiring a released group: {e}", m.device));
+            }
+        }
+    }
+
+    /// After a launch on `stream`: if it is capturing a CUDA graph, the graph holds a reference
+    /// to the group from now on, so the group's memory outlives every replay (and a replay after
+    /// [`Group::retire`] finds the group aborted). Returns whether it was capturing. A failure
+    /// must fail the launch: the graph must not keep a kernel whose memory it cannot keep.
+    pub fn hold_for_capture(self: &Arc<Self>, stream: Stream) -> Result<bool> {
+        cuda::tie_to_capture(stream, self.clone())
+    }
+
+    /// Whether rank `rank` may run a custom all-reduce on `stream`: the first stream that asks
+    /// owns the rank for the life of the group (one state block and set of banks per rank,
+    /// used by one stream at a time: two streams would interleave their call counters).
+    pub(crate) fn claim_stream(&self, rank: i32, stream: Stream) -> bool {
+        self.member(rank).is_ok_and(|m| claim(&m.stream, stream))
+    }
+}
+
+/// `owner` (a rank's stream) is `stream`, or becomes it if no stream owned it yet.
+fn claim(owner: &AtomicUsize, stream: Stream) -> bool {
+    match owner.compare_exchange(NO_STREAM, stream.0, Ordering::AcqRel, Ordering::Acquire) {
+        Ok(_) => true,
+        Err(current) => current == stream.0,
+    }
 }
 
 impl Drop for Group {
-    /// The last Arc is gone: no enqueue can launch on these buffers again. Each mapping and
-    /// buffer goes in its device's context (its drop waits for the device's work, then frees).
+    /// The last Arc is gone: no enqueue and no CUDA graph can launch on these buffers again.
+    /// Nothing is freed here (this may be an enqueue thread or the driver's graph callback):
+    /// the memory goes to `crate::reclaim`.
     fn drop(&mut self) {
         for (device, mapping) in self.imported.drain(..) {
-            if let Err(e) = cuda::with_device(device, || {
-                drop(mapping);
-                Ok(())
-            }) {
-                crate::log::warning(&format!("unmapping a peer workspace on device {device}: {e}"));
-            }
+            crate::reclaim::defer(device, mapping);
         }
         for member in self.members.drain(..).flatten() {
-            let device = member.device;
-            if let Err(e) = cuda::with_device(device, || {
-                drop(member);
-                Ok(())
-            }) {
-                crate::log::warning(&format!("freeing the workspace on device {device}: {e}"));
-            }
+            crate::reclaim::defer(member.device, (member.workspace, member.state));
         }
     }
 }
@@ -164,5 +249,40 @@ mod tests {
         let g = Group::empty(2, 1 << 20, 1).unwrap();
         assert!(matches!(g.member(0), Err(Error::RankNotLocal(0))), "an empty group drives no rank");
         assert!(g.kernels().is_none());
+        assert!(!g.claim_stream(0, Stream(7)), "no stream claims a rank this process does not drive");
+    }
+
+    #[test]
+    fn the_first_stream_owns_a_rank_even_when_two_race() {
+        let owner = AtomicUsize::new(NO_STREAM);
+        assert!(claim(&owner, Stream(0)), "the legacy default stream (0) is a stream like any other");
+        assert!(claim(&owner, Stream(0)));
+        assert!(!claim(&owner, Stream(0x20)));
+        for _ in 0..200 {
+            let owner = Arc::new(AtomicUsize::new(NO_STREAM));
+            let barrier = Arc::new(std::sync::Barrier::new(2));
+            let racers: Vec<_> = [0x10, 0x20]
+                .map(|s| {
+                    let (owner, barrier) = (owner.clone(), barrier.clone());
+                    std::thread::spawn(move || {
+                        barrier.wait();
+                        claim(&owner, Stream(s))
+                    })
+                })
+                .into_iter()
+                .collect();
+            let won: Vec<bool> = racers.into_iter().map(|t| t.join().unwrap()).collect();
+            assert_eq!(won.iter().filter(|&&w| w).count(), 1, "exactly one of two concurrent streams: {won:?}");
+        }
+    }
+
+    #[test]
+    fn every_group_has_its_own_generation() {
+        let (a, b) = (Group::empty(2, 1 << 20, 1).unwrap(), Group::empty(2, 1 << 20, 1).unwrap());
+        assert!(a.generation >= 1 && b.generation > a.generation, "{} {}", a.generation, b.generation);
+        assert_eq!(a.fault(), None);
+        assert!(!a.is_retired());
+        a.retire();
+        assert!(a.is_retired(), "retiring a group without local ranks needs no GPU");
     }
 }

@@ -11,6 +11,8 @@ use crate::tensor::{self, DataType, LINEAR};
 pub(crate) struct Shape {
     pub count: usize,
     pub dtype: DataType,
+    /// count * the element size: at most 2^63 - 1 (TensorRT's volumes are int64).
+    pub bytes: u64,
     /// Fused op: `(tokens, hidden)` of x.
     pub rows: Option<(u64, u32)>,
 }
@@ -115,13 +117,14 @@ impl Io {
             return Err(Error::TypeMismatch { index, dtype: d.dtype, first: inputs[0].dtype });
         }
         let count = tensor::element_count(&inputs[0])?;
+        let bytes = tensor::byte_count(count, dtype)?;
         for (i, out) in outputs.iter().enumerate() {
             if !same_dims(out, &inputs[0]) {
                 return Err(Error::shape(format!("output {i} must have the input's shape")));
             }
         }
         if !self.fused {
-            return Ok(Shape { count, dtype, rows: None });
+            return Ok(Shape { count, dtype, bytes, rows: None });
         }
         let x = &inputs[0];
         if x.nb_dims < 1 {
@@ -137,7 +140,7 @@ impl Io {
                 return Err(Error::shape(format!("{name} must hold {hidden} elements (the hidden size)")));
             }
         }
-        Ok(Shape { count, dtype, rows: Some(((count / hidden as usize) as u64, hidden)) })
+        Ok(Shape { count, dtype, bytes, rows: Some(((count / hidden as usize) as u64, hidden)) })
     }
 }
 

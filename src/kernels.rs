@@ -41,8 +41,8 @@ impl DeviceKernels {
         let (mut functions, mut norms) = (HashMap::new(), HashMap::new());
         let mut failed: Vec<(&str, i32)> = Vec::new();
         cuda::with_device(device, || {
-            for (module, image) in MODULES {
-                let found = match cuda::load_module(image, &names) {
+            for (module, image, defined) in MODULES {
+                let found = match cuda::load_module(image, &names, defined) {
                     Ok(found) => found,
                     Err(Error::Cuda { call: "cuModuleLoadData", source }) => {
                         failed.push((module, source.0 as i32));
@@ -118,11 +118,11 @@ mod tests {
 
     #[test]
     fn every_kernel_file_is_embedded() {
-        let names: Vec<_> = MODULES.iter().map(|(n, _)| *n).collect();
+        let names: Vec<_> = MODULES.iter().map(|(n, _, _)| *n).collect();
         for family in ["oneshot", "twoshot", "lamport", "oneshot_norm", "twoshot_norm", "lamport_norm", "rmsnorm"] {
             assert!(names.contains(&family), "{family} missing from {names:?}");
         }
-        assert!(MODULES.iter().all(|(_, image)| image.len() > 1024), "fatbins are not empty");
+        assert!(MODULES.iter().all(|(_, image, _)| image.len() > 1024), "fatbins are not empty");
     }
 
     /// The names Rust asks the driver for are the names the kernel files define (the
@@ -131,7 +131,7 @@ mod tests {
     fn every_kernel_the_loader_asks_for_is_in_a_fatbin() {
         let holds = |name: &str| {
             let needle = format!("{name}\0");
-            MODULES.iter().any(|(_, image)| image.windows(needle.len()).any(|w| w == needle.as_bytes()))
+            MODULES.iter().any(|(_, image, _)| image.windows(needle.len()).any(|w| w == needle.as_bytes()))
         };
         let mut names: Vec<String> = TYPES.map(family::norm_kernel_name).to_vec();
         for f in Family::ALL {
@@ -143,5 +143,19 @@ mod tests {
         let missing: Vec<_> = names.iter().filter(|n| !holds(n)).collect();
         assert!(missing.is_empty(), "kernels missing from the fatbins: {missing:?}");
         assert!(!holds("ear_oneshot_f16_n2"), "the names before they said their sync method are gone");
+        // The loader asks each module only for what it defines: every name in exactly one list.
+        for name in &names {
+            let lists = MODULES.iter().filter(|(_, _, defined)| defined.contains(&name.as_str())).count();
+            assert_eq!(lists, 1, "{name} is listed by {lists} modules");
+        }
+        // The modules define nothing else but the two two-shots at the rank counts the other one
+        // serves (twoshot_polled at 4+ ranks, twoshot_barrier at 2): the simulations and
+        // tools/gpu/twoshot_stages.cu compare them at every rank count; the loader never asks.
+        let spare: Vec<&str> = MODULES.iter().flat_map(|m| m.2.iter().copied()).filter(|d| !names.iter().any(|n| n == d)).collect();
+        assert_eq!(spare.len(), 3 * 4 + 3, "{spare:?}");
+        for name in spare {
+            let polled_wide = name.starts_with("ear_twoshot_polled_") && !name.ends_with("_n2");
+            assert!(polled_wide || (name.starts_with("ear_twoshot_barrier_") && name.ends_with("_n2")), "{name} is defined but never loaded");
+        }
     }
 }

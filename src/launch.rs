@@ -97,6 +97,10 @@ impl FusedCall {
             ws_max_bytes: 0,
             rank: 0,
             nranks: 0,
+            fault: std::ptr::null_mut(),
+            timeout_ns: 0,
+            generation: 0,
+            reserved: 0,
         };
         let (grid, block) = family::norm_grid_block(self.tokens, self.hidden, dtype.size(), kernels.sm_count);
         // SAFETY: the caller's buffers, the kernel's own parameter block.
@@ -110,9 +114,16 @@ impl Group {
         self.serves(family, dtype, &Message { bytes, rows: None })
     }
 
-    /// Rank `rank`'s kernels and its part of the parameters of one call.
+    /// Rank `rank`'s kernels and its part of the parameters of one call; refused once the group
+    /// is retired or has a fault (its kernels would do nothing).
     fn rank_params(&self, rank: i32, input: DevicePtr, output: DevicePtr, count: u64) -> Result<(&DeviceKernels, EarAllReduceParams)> {
         let member = self.member(rank)?;
+        if self.is_retired() {
+            return Err(Error::Released);
+        }
+        if let Some(fault) = self.fault() {
+            return Err(Error::GroupFault { device: member.device, why: fault.describe() });
+        }
         let params = EarAllReduceParams {
             peer_ws: self.peer_ws.map(DevicePtr::as_mut),
             state: member.state.ptr().as_mut(),
@@ -122,6 +133,10 @@ impl Group {
             ws_max_bytes: self.max_bytes,
             rank,
             nranks: self.nranks,
+            fault: member.fault.as_mut().cast(),
+            timeout_ns: self.timeout_ns,
+            generation: self.generation,
+            reserved: 0,
         };
         Ok((&member.kernels, params))
     }

@@ -20,7 +20,9 @@
 //! | `kernel_images` | which embedded image a GPU runs; what is said when none loads |
 //! | `groups` | which devices form a group; the group table |
 //! | `exchange` | the multi-process agreement (IPC handles through NCCL) |
-//! | `group` | one group's memory: workspaces, state blocks, release |
+//! | `group` | one group's memory: workspaces, state blocks, generation, retirement, its stream |
+//! | `fault` | the kernels' fault words (a kernel that gave up waiting), read without synchronizing |
+//! | `reclaim` | memory of released groups, freed at the runtime's setup and teardown calls |
 //! | `registry` | per-device NCCL registrations |
 //! | `communicator` | what a registered NCCL communicator spans |
 //! | `config` | every environment knob, read once |
@@ -40,6 +42,7 @@ mod contract;
 mod cuda;
 mod error;
 mod exchange;
+mod fault;
 mod family;
 mod fields;
 mod group;
@@ -53,6 +56,7 @@ mod log;
 mod nccl;
 mod overlay;
 mod plugin;
+mod reclaim;
 mod registry;
 mod strategy;
 mod tensor;
@@ -60,15 +64,19 @@ mod tensor;
 // The benchmark's and the GPU tests' API.
 pub use cuda::{DevicePtr, Stream};
 pub use error::{Error, Result};
+pub use fault::Fault;
 pub use family::{Family, RANK_COUNTS};
 pub use ffi::TensorDesc;
 pub use fields::{FusionOp, PluginConfig};
 pub use group::{max_message_bytes, Group};
 pub use groups::group_for;
+#[doc(hidden)]
+pub use groups::install_for_tests;
 pub use kernels::{for_device as device_kernels, DeviceKernels, IMAGES as KERNEL_IMAGES};
 pub use launch::{Fits, FusedCall, Message};
 pub use nccl::dtype_code as nccl_dtype_code;
 pub use plugin::PluginCore;
+pub use reclaim::free_released_memory;
 pub use strategy::{choose, requested, Call, Path, Requested};
 pub use tensor::DataType;
 

@@ -140,17 +140,18 @@ impl PluginCore {
     }
 
     fn enqueue_all_reduce(&self, shape: Shape, input: DevicePtr, output: DevicePtr, stream: Stream) -> Result<()> {
-        let Shape { count, dtype, .. } = shape;
+        let Shape { count, dtype, bytes, .. } = shape;
         if self.config.tp_size <= 1 {
             // SAFETY: TensorRT hands enqueue device buffers of the described sizes on `stream`.
-            return if input == output { Ok(()) } else { unsafe { cuda::copy_async(output, input, count * dtype.size(), stream) } };
+            return if input == output { Ok(()) } else { unsafe { cuda::copy_async(output, input, bytes as usize, stream) } };
         }
         let (_, registration, group, decision) = self.decide(shape, (input.0 | output.0).is_multiple_of(16), stream)?;
         match (decision.path, group) {
             // SAFETY: every rank of the group takes this same path for this call (the choice is a
             // function of what they share); the buffers are TensorRT's, aligned as checked.
             (Path::Custom(family), Some((group, rank))) => unsafe {
-                group.launch(rank, family, dtype, input, output, count, stream)
+                group.launch(rank, family, dtype, input, output, count, stream)?;
+                group.hold_for_capture(stream).map(|_| ())
             },
             // SAFETY: the runtime registered a live communicator and ncclAllReduce for this
             // device; the buffers are TensorRT's, of `count` elements, on `stream`.
@@ -170,13 +171,17 @@ impl PluginCore {
         let (device, registration, group, decision) = self.decide(shape, true, stream)?;
         match (decision.path, group) {
             // SAFETY: as in enqueue_all_reduce; every tensor is TensorRT's, aligned as checked.
-            (Path::Custom(family), Some((group, rank))) => unsafe { group.launch_fused(rank, family, dtype, call, stream) },
+            (Path::Custom(family), Some((group, rank))) => unsafe {
+                group.launch_fused(rank, family, dtype, call, stream)?;
+                group.hold_for_capture(stream).map(|_| ())
+            },
             (Path::Split(family), Some((group, rank))) => {
                 let kernels = kernels::for_device(device)?;
                 // SAFETY: as above; the sum goes into `normed`, which the norm then reads and
                 // overwrites in place (the kernel allows normed == x).
                 unsafe {
                     group.launch(rank, family, dtype, call.x, call.normed, shape.count, stream)?;
+                    group.hold_for_capture(stream)?;
                     call.launch_norm(&kernels, dtype, call.normed, stream)
                 }
             }
@@ -204,14 +209,22 @@ impl PluginCore {
         let device = cuda::current_device()?;
         let registration =
             registry::get(device).ok_or(Error::NotRegistered { device, tp_size: self.config.tp_size })?;
-        let group = groups::group_for(device);
-        let call = Call {
-            tp_size: self.config.tp_size,
-            dtype: shape.dtype,
-            message: Message { bytes: (shape.count * shape.dtype.size()) as u64, rows: shape.rows },
-            aligned,
-        };
-        let decision = strategy::choose(requested, &call, group.as_ref().map(|(g, _)| &**g as &dyn crate::launch::Fits));
+        let group = groups::lookup(device)?;
+        if let Some((g, _)) = &group {
+            // A kernel of the group gave up (or found it aborted) since the last call: that
+            // call's output was wrong. Its devices fail from now on (groups.rs says why).
+            if let Some(fault) = g.fault() {
+                groups::fail(device, g, fault);
+                return Err(Error::GroupFault { device, why: fault.describe() });
+            }
+        }
+        let call = Call { tp_size: self.config.tp_size, dtype: shape.dtype, message: Message { bytes: shape.bytes, rows: shape.rows }, aligned };
+        let mut decision = strategy::choose(requested, &call, group.as_ref().map(|(g, _)| &**g as &dyn crate::launch::Fits));
+        if let (Path::Custom(_) | Path::Split(_), Some((g, rank))) = (decision.path, &group) {
+            if !g.claim_stream(*rank, stream) {
+                decision = strategy::Decision { path: Path::Nccl, fallback: Some(Fallback::OtherStream), requested };
+            }
+        }
         if let Some(reason) = decision.fallback {
             report_fallback(device, requested, reason, stream);
         }
@@ -223,11 +236,12 @@ impl PluginCore {
     }
 }
 
-/// Logs each kind of fallback once per process: a warning when a strategy was forced, an info
-/// line under AUTO (plus one when a CUDA graph captures the NCCL path because no workspace exists).
+/// Logs each kind of fallback once per process: a warning when a strategy was forced or when a
+/// second stream met the group, an info line under AUTO (plus one when a CUDA graph captures the
+/// NCCL path because no workspace exists).
 fn report_fallback(device: i32, requested: strategy::Requested, reason: Fallback, stream: Stream) {
     static LOGGED: AtomicU32 = AtomicU32::new(0);
-    let forced = requested != strategy::Requested::Auto;
+    let forced = requested != strategy::Requested::Auto || reason == Fallback::OtherStream;
     let bit = 1u32 << (reason as u32 * 2 + forced as u32);
     if LOGGED.fetch_or(bit, Ordering::Relaxed) & bit != 0 {
         return;

@@ -216,6 +216,9 @@ pub enum Fallback {
     Unaligned,
     /// Over the workspace, or no kernel for this dtype and rank count.
     NotServed,
+    /// Another stream than the one that runs this rank's custom all-reduces (one stream per
+    /// group: `Group::claim_stream`).
+    OtherStream,
 }
 
 impl Fallback {
@@ -225,6 +228,7 @@ impl Fallback {
             Fallback::RankMismatch => "the plugin's tp_size differs from the registered communicator's rank count",
             Fallback::Unaligned => "input or output is not 16-byte aligned",
             Fallback::NotServed => "the message is larger than the workspace, or no kernel exists for this type and rank count",
+            Fallback::OtherStream => "another stream than the one that runs this rank's custom all-reduces (one stream per group: release and set up the workspaces again to move it)",
         }
     }
 }

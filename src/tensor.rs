@@ -51,6 +51,16 @@ pub fn element_count(desc: &TensorDesc) -> Result<usize> {
     })
 }
 
+/// Bytes of `count` elements of `dtype`; an error past 2^63 - 1 (TensorRT's int64 volumes: a
+/// larger tensor cannot exist, and the sizes computed from it would wrap).
+pub fn byte_count(count: usize, dtype: DataType) -> Result<u64> {
+    u64::try_from(count)
+        .ok()
+        .and_then(|c| c.checked_mul(dtype.size() as u64))
+        .filter(|&b| b <= i64::MAX as u64)
+        .ok_or_else(|| Error::shape(format!("a tensor of {count} elements of {} bytes is larger than 2^63 - 1 bytes", dtype.size())))
+}
+
 #[cfg(test)]
 pub(crate) fn desc(dims: &[i64], dtype: i32) -> TensorDesc {
     let mut d = [0i64; MAX_DIMS];
@@ -72,6 +82,18 @@ mod tests {
         let mut bad = desc(&[1], 1);
         bad.nb_dims = 9;
         assert!(element_count(&bad).is_err());
+    }
+
+    #[test]
+    fn byte_counts_that_overflow_are_errors() {
+        assert_eq!(byte_count(1 << 20, DataType::Float).unwrap(), 4 << 20);
+        // [2^31, 2^31] FP32: 2^62 elements, 2^64 bytes.
+        let count = element_count(&desc(&[1 << 31, 1 << 31], 0)).unwrap();
+        assert!(byte_count(count, DataType::Float).is_err());
+        // [INT64_MAX, 2]: 2^64 - 2 elements.
+        let count = element_count(&desc(&[i64::MAX, 2], 1)).unwrap();
+        assert!(byte_count(count, DataType::Half).is_err());
+        assert_eq!(byte_count((i64::MAX / 2) as usize, DataType::Half).unwrap(), i64::MAX as u64 - 1, "just under the bound");
     }
 
     #[test]

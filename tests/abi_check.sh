@@ -19,6 +19,7 @@ grep -q 'RUNPATH.*\[\$ORIGIN\]' <<<"$dyn" || { echo "FAIL: RUNPATH is not \$ORIG
 if grep -E 'NEEDED.*(nvinfer|nccl|cudart|libcuda)' <<<"$dyn"; then echo "FAIL: forbidden NEEDED entry"; exit 1; fi
 expected=$(cat <<'LIST'
 edgellmAllReduceCustomRanks
+edgellmAllReduceLastError
 edgellmAllReduceReleaseWorkspaces
 edgellmAllReduceSetupWorkspaces
 edgellmRegisterFusedNvfp4WeightResource

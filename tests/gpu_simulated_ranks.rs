@@ -4,53 +4,13 @@
 //! `#[ignore]`d: `cargo test -- --ignored` (tools/gpu/device_session.sh runs the compiled binary
 //! with `--ignored` on the H200), where it fails if there is no GPU.
 
-use cudarc::driver::{sys, CudaContext, CudaStream, DevicePtr as _};
+use cudarc::driver::{CudaStream, DevicePtr as _};
 use edgellm_allreduce::{DataType, DevicePtr, Family, Group, Stream};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-fn gpu() -> Arc<CudaContext> {
-    // SAFETY: only probes for libcuda.
-    assert!(unsafe { sys::is_culib_present() }, "no CUDA driver: this test needs a GPU");
-    assert!(CudaContext::device_count().unwrap_or(0) > 0, "no CUDA device: this test needs a GPU");
-    let ctx = CudaContext::new(0).expect("a context on GPU 0");
-    // SAFETY: the test orders its streams itself (explicit synchronization before every read).
-    unsafe { ctx.disable_event_tracking() };
-    ctx
-}
-
-/// Aborts the process with the case name if a case hangs (spinning kernels that never meet).
-struct Watchdog {
-    case: Arc<Mutex<String>>,
-    done: Arc<AtomicBool>,
-}
-impl Watchdog {
-    fn start(limit: Duration) -> Self {
-        let case = Arc::new(Mutex::new(String::new()));
-        let done = Arc::new(AtomicBool::new(false));
-        let (c, d) = (case.clone(), done.clone());
-        std::thread::spawn(move || {
-            let start = std::time::Instant::now();
-            while !d.load(Ordering::Relaxed) {
-                if start.elapsed() > limit {
-                    eprintln!("HANG: {}", c.lock().unwrap());
-                    std::process::exit(3);
-                }
-                std::thread::sleep(Duration::from_millis(100));
-            }
-        });
-        Watchdog { case, done }
-    }
-    fn at(&self, case: String) {
-        *self.case.lock().unwrap() = case;
-    }
-}
-impl Drop for Watchdog {
-    fn drop(&mut self) {
-        self.done.store(true, Ordering::Relaxed);
-    }
-}
+mod common;
+use common::{gpu, Watchdog};
 
 // The benchmark's input generator and output check, one definition for both.
 #[allow(dead_code)]

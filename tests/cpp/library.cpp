@@ -77,6 +77,12 @@ IPluginV3* createPlugin(Fields& fields, char const* ns)
     return c == nullptr ? nullptr : c->createPlugin("layer", fields.get(), TensorRTPhase::kBUILD);
 }
 
+fake::Logger& logger()
+{
+    static fake::Logger instance;
+    return instance;
+}
+
 PluginViews views(IPluginV3* plugin)
 {
     return {static_cast<IPluginV3OneCore*>(plugin->getCapabilityInterface(PluginCapabilityType::kCORE)),

@@ -24,6 +24,9 @@ char const* pluginPath();
 //! dlopen's the library once (static registration runs then) and returns its handle.
 void* library();
 
+//! The TensorRT logger the tests give the library (initEdgellmPlugins, setLoggerFinder).
+fake::Logger& logger();
+
 template <typename Fn>
 Fn symbol(char const* name)
 {

@@ -12,8 +12,7 @@ namespace
 {
 fake::Logger& testLogger()
 {
-    static fake::Logger logger;
-    return logger;
+    return testlib::logger();
 }
 
 //! Gives the library a logger finder that finds testLogger(), with an empty log. A logger given

@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
 # Copies what the GPU machine runs into .carry/ (git-ignored), stripped: the built library, the
-# gtest binaries with their stand-in libnvinfer (trt10/, trt11/), the Rust GPU test binary, the
-# benchmark, the two kernel simulations, the NVLink probe and the two-shot stage timings
-# (tools/gpu/device_session.sh runs them); and into .carry-overlay/ the library, the overlay
-# tests with their stand-ins and Edge-LLM 0.11's own library for TensorRT 10 and 11
-# (tools/gpu/overlay_check.sh runs them; a call of its own, as both folders together pass the
-# device's 64 MiB). Run after tools/install.sh.
+# gtest binaries with their stand-in libnvinfer (trt10/, trt11/) and the stand-in NCCL of the
+# fault tests (beside them), the Rust GPU test binary, the benchmark, the two kernel
+# simulations, the NVLink probe and the two-shot stage timings (tools/gpu/device_session.sh
+# runs them); and into .carry-overlay/ the library, the overlay tests with their stand-ins and
+# Edge-LLM 0.11's own library for TensorRT 10 and 11 (tools/gpu/overlay_check.sh runs them; a
+# call of its own, as both folders together pass the device's 64 MiB). Run after
+# tools/install.sh.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 eval "$("$root/tools/setup.sh")"
 overlay="$root/.carry-overlay"
 mkdir -p "$root/.carry" "$overlay"
-cp -L "$root/build/libNvInfer_edgellm_plugin.so.1" "$root/build"/tests/edgellm_plugin_tests_trt* "$root/.carry/"
+cp -L "$root/build/libNvInfer_edgellm_plugin.so.1" "$root/build"/tests/edgellm_plugin_tests_trt* \
+  "$root/build/tests/libedgellm_fake_nccl.so" "$root/.carry/"
 cp -L "$root/build/libNvInfer_edgellm_plugin.so.1" "$root/build"/tests/edgellm_overlay_tests_trt* "$overlay/"
 for major in 10 11; do
   for dest in "$root/.carry" "$overlay"; do

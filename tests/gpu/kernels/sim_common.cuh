@@ -260,6 +260,8 @@ struct SimRanks {
   cudaEvent_t fork{}, join[EAR_MAX_RANKS]{}, t0{}, t1{};
   void* ws[EAR_MAX_RANKS]{};
   void* state[EAR_MAX_RANKS]{};
+  uint64_t* faults = nullptr;  // each rank's fault word (mapped host memory), written by kernels that give up
+  bool check_faults = true;    // destroy_ranks reports whether a fault word was written
   int pool_slots = 4096, pool_next = 0;  // one-launch mode: device param sets in a ring
 
   void init_ranks(int nranks, uint64_t ws_max_bytes, uint64_t buf_bytes, bool one) {
@@ -274,6 +276,8 @@ struct SimRanks {
     CK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
     CK(cudaEventCreate(&t0));
     CK(cudaEventCreate(&t1));
+    CK(cudaHostAlloc(reinterpret_cast<void**>(&faults), EAR_MAX_RANKS * sizeof(uint64_t), cudaHostAllocMapped));
+    std::memset(faults, 0, EAR_MAX_RANKS * sizeof(uint64_t));
     const uint64_t wsb = EAR_WORKSPACE_BYTES(ws_max, n);
     for (int r = 0; r < n; ++r) {
       CK(cudaStreamCreateWithFlags(&st[r], cudaStreamNonBlocking));
@@ -284,8 +288,19 @@ struct SimRanks {
       CK(cudaMemset(state[r], 0, EAR_STATE_BYTES));
     }
   }
+  // The bounded waits' part of rank r's params (kernels/wait.cuh): its fault word, a bound below
+  // the watchdog's, so that a hang shows as a fault.
+  void bound_waits(EarAllReduceParams& p, int r) const {
+    p.fault = faults + r;
+    p.timeout_ns = static_cast<uint64_t>(g_timeout_s * 0.8e9);
+    p.generation = 1;
+  }
   void destroy_ranks() {
     CK(cudaDeviceSynchronize());
+    unsigned gave_up = 0;
+    for (int r = 0; r < n; ++r) gave_up += faults[r] != 0;
+    if (check_faults) report(gave_up == 0, "n%d no kernel gave up waiting (fault words all zero; %u set)", n, gave_up);
+    CK(cudaFreeHost(faults));
     for (int r = 0; r < n; ++r) {
       CK(cudaFree(ws[r]));
       CK(cudaFree(state[r]));

@@ -341,6 +341,7 @@ struct FSim : SimRanks {
     p.ar.ws_max_bytes = ws_max;
     p.ar.rank = r;
     p.ar.nranks = n;
+    bound_waits(p.ar, r);
     p.residual = at(res[r], c.off);
     p.bias = c.bias ? bias : nullptr;
     p.gamma = gamma;

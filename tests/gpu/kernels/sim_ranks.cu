@@ -146,6 +146,7 @@ struct Sim : SimRanks {
     p.ws_max_bytes = ws_max;
     p.rank = r;
     p.nranks = n;
+    bound_waits(p, r);
     return p;
   }
 

@@ -1,0 +1,139 @@
+// wait.cuh: every wait for a peer is bounded. A rank that never launches its part of a call
+// (its enqueue failed after its peers launched, it was killed, it runs other settings) would
+// leave its peers spinning for ever. Instead a wait that lasts EarAllReduceParams::timeout_ns
+// gives up: the kernel records the fault in its host-visible fault word, aborts the group on
+// every rank (the abort word of each workspace, allreduce_params.h) and runs to its end
+// without waiting any more (its output is wrong: the host reports it, docs/DESIGN.md). Every
+// later call of the group, on any rank, finds its abort word set at its start and does
+// nothing; waits that are under way find it at their next look and give up too.
+//
+// The fast path pays a compare: after an unsuccessful poll a spin loop reads the SM's cycle
+// counter and compares it with the CTA's next look (keep_waiting: no register held across the
+// loop, no memory access but one shared load). Only every kCyclesPerLook cycles does it look at
+// the abort word and the clock (%globaltimer). A call shorter than that never looks; the CTA's
+// first look sets its deadline; once a wait of the CTA gave up, every wait of the CTA gives up
+// after its next unsuccessful poll, so a kernel that gave up ends soon.
+#pragma once
+
+#include <stdint.h>
+
+#include "allreduce_params.h"
+#include "memory.cuh"
+
+namespace ear {
+
+// SM cycles between two looks: 2^16, 30-60 us at 1-2 GHz. A look costs a load of the abort
+// word and a read of %globaltimer: nothing next to that, and nothing next to the bound.
+constexpr long long kCyclesPerLook = 1ll << 16;
+
+// What the waits of one CTA need to give up, filled by arm_waits at the start of a call.
+struct WaitContext {
+  uint64_t timeout_ns;  // 0: no bound (the abort word is still looked at)
+  uint64_t deadline;    // 0 until the CTA's first look at the clock
+  long long next_look;  // clock64() when the next look is due
+  uint64_t* fault;      // host-visible; NULL: faults are not recorded
+  uint64_t* abort[EAR_MAX_RANKS];  // every rank's abort word, ours at [rank]
+  int rank, nranks;
+  uint32_t generation;
+  uint32_t gave_up;  // the EAR_FAULT_* code once a wait of this CTA gave up
+};
+
+__device__ __forceinline__ WaitContext& wait_context() {
+  __shared__ WaitContext ctx;
+  return ctx;
+}
+
+__device__ __forceinline__ uint32_t ld_volatile_u32(const uint32_t* p) {
+  return *reinterpret_cast<const volatile uint32_t*>(p);
+}
+
+// The fault that a set abort word means: RELEASED when the host released the group, else
+// ABORTED (a peer gave up).
+__device__ __forceinline__ uint32_t abort_fault(uint64_t aborted) {
+  return aborted == EAR_FAULT_RELEASED ? EAR_FAULT_RELEASED : EAR_FAULT_ABORTED;
+}
+
+// Writes generation << 8 | code into the fault word unless it already holds a fault of this
+// generation: the first fault is the cause, the aborts it triggers on other CTAs come after.
+__device__ __forceinline__ void record_fault(const WaitContext& w, uint32_t code) {
+  if (w.fault == nullptr) return;
+  __threadfence_system();  // with the abort word's release: a fault that caused it is seen here
+  if ((ld_volatile_u64(w.fault) >> 8) != w.generation)
+    st_release_sys(w.fault, (static_cast<uint64_t>(w.generation) << 8) | code);
+}
+
+// A wait of this CTA gives up. The first one records why; a timeout also aborts the group on
+// every rank (the release orders the fault word before the abort words: a CTA that is aborted
+// by them finds this fault recorded and leaves it).
+__device__ __forceinline__ void give_up(WaitContext& w, uint32_t code) {
+  *reinterpret_cast<volatile long long*>(&w.next_look) = 0;  // the CTA's other waits look at once
+  if (atomicCAS(&w.gave_up, 0u, code) != 0u) return;
+  record_fault(w, code);
+  if (code == EAR_FAULT_TIMEOUT)
+    for (int q = 0; q < w.nranks; ++q) st_release_sys(w.abort[q], EAR_FAULT_ABORTED);
+}
+
+// The look, every kCyclesPerLook cycles of a waiting CTA: false once the CTA gave up, the
+// group is aborted or the deadline passed.
+__device__ __forceinline__ bool still_patient() {
+  WaitContext& w = wait_context();
+  if (ld_volatile_u32(&w.gave_up) != 0u) return false;
+  const uint64_t aborted = ld_volatile_u64(w.abort[w.rank]);
+  if (aborted != 0u) {  // by a peer that gave up (ABORTED), or by the host (RELEASED)
+    give_up(w, abort_fault(aborted));
+    return false;
+  }
+  *reinterpret_cast<volatile long long*>(&w.next_look) = clock64() + kCyclesPerLook;
+  if (w.timeout_ns == 0u) return true;
+  const uint64_t now = globaltimer();
+  volatile uint64_t* const deadline = &w.deadline;
+  if (*deadline == 0u) {  // threads racing here all store about the same value
+    *deadline = now + w.timeout_ns;
+    return true;
+  }
+  if (now < *deadline) return true;
+  give_up(w, EAR_FAULT_TIMEOUT);
+  return false;
+}
+
+// Between two polls of a wait that has not seen its data: true to poll again.
+__device__ __forceinline__ bool keep_waiting() {
+  return clock64() < *reinterpret_cast<volatile long long*>(&wait_context().next_look) || still_patient();
+}
+
+// Start of a call (begin_call, before its __syncthreads): threads 0..EAR_MAX_RANKS-1 fill the
+// CTA's wait context, and thread `rank` reads our abort word into *aborted.
+__device__ __forceinline__ void arm_waits(const EarAllReduceParams& p, uint64_t* aborted) {
+  WaitContext& w = wait_context();
+  const uint32_t t = threadIdx.x;
+  if (t < EAR_MAX_RANKS) {
+    // p.peer_ws[t] through compile-time indices: the by-value params stay in the constant bank.
+    void* ws = p.peer_ws[0];
+#pragma unroll
+    for (uint32_t q = 1; q < EAR_MAX_RANKS; ++q)
+      if (t == q) ws = p.peer_ws[q];
+    uint64_t* const word = reinterpret_cast<uint64_t*>(static_cast<char*>(ws) + EAR_ABORT_OFFSET);
+    w.abort[t] = word;  // entries past nranks are never used
+    if (static_cast<int>(t) == p.rank) *aborted = ld_volatile_u64(word);
+  }
+  if (t == 0) {
+    w.timeout_ns = p.timeout_ns;
+    w.deadline = 0;
+    w.fault = p.fault;
+    w.rank = p.rank;
+    w.nranks = p.nranks;
+    w.generation = p.generation;
+    w.gave_up = 0;
+    w.next_look = clock64() + kCyclesPerLook;
+  }
+}
+
+// After that __syncthreads: a call of an aborted group does nothing. Thread 0 records why, and
+// the whole CTA exits (every thread read the same value).
+__device__ __forceinline__ void bail_if_aborted(uint64_t aborted) {
+  if (aborted == 0u) return;
+  if (threadIdx.x == 0) record_fault(wait_context(), abort_fault(aborted));
+  asm volatile("exit;");
+}
+
+}  // namespace ear

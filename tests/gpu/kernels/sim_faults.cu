@@ -1,0 +1,246 @@
+// sim_faults.cu: the bounded waits of every kernel family (kernels/wait.cuh) on N simulated
+// ranks on ONE GPU (sim_common.cuh: N zero-filled workspaces and state blocks, a stream per
+// rank, grids capped so all ranks are co-resident), each rank with its own fault word in mapped
+// host memory. For each family (plain one-shot, two-shot polled and paced, Lamport; fused
+// one-shot, two-shot, Lamport) and N in {2, 4}, each case on a fresh group:
+//   skip      every rank but the last launches, with a 50 ms bound: each one ends (no hang)
+//             with a fault recorded (TIMEOUT, or ABORTED where a peer's abort came first; at
+//             least one TIMEOUT), and every workspace's abort word is set, the skipped rank's too;
+//   late      then the skipped rank launches: it does nothing (its output keeps its poison) and
+//             records ABORTED;
+//   released  abort words set to EAR_FAULT_RELEASED (what the host writes when it releases a
+//             group): every rank's launch does nothing and records RELEASED;
+//   no bound  timeout 0 and an aborted group: every rank's launch still does nothing (ABORTED);
+//   control   every rank launches with the bound set: correct sums, no fault.
+// The watchdog (--timeout, default 10 s) turns a hang into a failure naming the case.
+// --one-launch (for tools that serialize kernels, e.g. compute-sanitizer) skips the controls:
+// serialized, a rank's kernel would wait for peers that cannot start, and give up; sim_ranks
+// and sim_fused --one-launch run the bounded waits without a fault under the tools instead.
+// Every other case needs no two kernels at once.
+//
+// Usage: sim_faults [--timeout SECONDS] [--one-launch]
+// Prints one line per case and "N passed, M failed"; exit code 0 only if all passed.
+#include "sim_common.cuh"
+
+#include "../../../kernels/oneshot_norm.cu"
+#include "../../../kernels/twoshot_norm.cu"
+#include "../../../kernels/lamport_norm.cu"
+
+#include <tuple>
+
+namespace {
+
+enum Kind { K_ONESHOT, K_TWOSHOT, K_TWOSHOT_PACED, K_LAMPORT, K_ONESHOT_NORM, K_TWOSHOT_NORM, K_LAMPORT_NORM };
+const char* kKindName[] = {"oneshot", "twoshot", "twoshot paced", "lamport", "oneshot_norm", "twoshot_norm", "lamport_norm"};
+
+const void* kFusedBf16[3][5] = {
+    EAR_ROW(oneshot_barrier_norm, bf16), EAR_ROW(twoshot_barrier_norm, bf16), EAR_ROW(oneshot_lamport_norm, bf16)};
+
+constexpr uint64_t kTokens = 4;
+constexpr uint32_t kHidden = 4096;
+
+bool fused(Kind k) { return k >= K_ONESHOT_NORM; }
+
+// Elements of one call (bf16).
+uint64_t count_of(Kind k) {
+  switch (k) {
+    case K_TWOSHOT_PACED: return (9u << 20) / 2;  // 9 MiB: paced by per-chunk flags
+    case K_LAMPORT: return 512;
+    default: return fused(k) ? kTokens * kHidden : 16384;
+  }
+}
+
+struct FaultSim : SimRanks {
+  void* in[EAR_MAX_RANKS]{};
+  void* out[EAR_MAX_RANKS]{};
+  void* residual = nullptr;  // fused: zeros
+  void* gamma = nullptr;     // fused: ones
+  void* normed[EAR_MAX_RANKS]{};
+
+  void init(int nranks) {
+    const uint64_t bytes = 10u << 20;
+    init_ranks(nranks, 16u << 20, bytes, false);
+    for (int r = 0; r < n; ++r) {
+      CK(cudaMalloc(&in[r], bytes));
+      CK(cudaMalloc(&out[r], bytes));
+      CK(cudaMalloc(&normed[r], bytes));
+    }
+    CK(cudaMalloc(&residual, bytes));
+    CK(cudaMemset(residual, 0, bytes));
+    CK(cudaMalloc(&gamma, kHidden * 2));
+    std::vector<uint16_t> ones(kHidden, 0x3f80);  // bf16 1.0
+    CK(cudaMemcpy(gamma, ones.data(), kHidden * 2, cudaMemcpyHostToDevice));
+  }
+  void destroy() {
+    CK(cudaDeviceSynchronize());
+    for (int r = 0; r < n; ++r) {
+      CK(cudaFree(in[r]));
+      CK(cudaFree(out[r]));
+      CK(cudaFree(normed[r]));
+    }
+    CK(cudaFree(residual));
+    CK(cudaFree(gamma));
+    destroy_ranks();
+  }
+  // Rank r's inputs: every element 1.0 * (r + 1); outputs poisoned.
+  void fill(Kind k) {
+    const uint64_t c = count_of(k);
+    for (int r = 0; r < n; ++r) {
+      const float value = static_cast<float>(r + 1);
+      uint32_t bits;
+      std::memcpy(&bits, &value, 4);
+      const std::vector<uint16_t> v(c, static_cast<uint16_t>(bits >> 16));  // bf16: exact
+      CK(cudaMemcpy(in[r], v.data(), c * 2, cudaMemcpyHostToDevice));
+      CK(cudaMemset(out[r], 0xff, c * 2));
+      CK(cudaMemset(normed[r], 0xff, c * 2));
+    }
+  }
+  // Every rank's abort word set to `why` (0: live), as the host writes it.
+  void set_abort(uint32_t why) {
+    for (int r = 0; r < n; ++r)
+      CK(cudaMemset(static_cast<char*>(ws[r]) + EAR_ABORT_OFFSET, 0, 8));
+    if (why != 0)
+      for (int r = 0; r < n; ++r) CK(cudaMemcpy(static_cast<char*>(ws[r]) + EAR_ABORT_OFFSET, &why, 4, cudaMemcpyHostToDevice));
+  }
+  uint64_t abort_word(int r) {
+    uint64_t v = 0;
+    CK(cudaMemcpy(&v, static_cast<char*>(ws[r]) + EAR_ABORT_OFFSET, 8, cudaMemcpyDeviceToHost));
+    return v;
+  }
+  // Launches rank r's call of kind k on its stream, bound `timeout_ns`.
+  void launch(Kind k, int r, uint64_t timeout_ns) {
+    const uint64_t c = count_of(k);
+    const int ni = n_index(n);
+    EarFusedParams f;
+    std::memset(&f, 0, sizeof(f));
+    EarAllReduceParams& p = f.ar;
+    for (int q = 0; q < n; ++q) p.peer_ws[q] = ws[q];
+    p.state = state[r];
+    p.input = in[r];
+    p.output = fused(k) ? nullptr : out[r];
+    p.count = c;
+    p.ws_max_bytes = ws_max;
+    p.rank = r;
+    p.nranks = n;
+    bound_waits(p, r);
+    p.timeout_ns = timeout_ns;
+    const uint64_t vecs = EAR_CEIL_DIV(c * 2, EAR_VEC_BYTES);
+    if (!fused(k)) {
+      const int fam = k == K_LAMPORT ? LAMPORT : (k == K_ONESHOT ? ONESHOT : TWOSHOT);
+      const uint32_t grid = fam == LAMPORT ? EAR_LAMPORT_GRID(vecs, grid_cap())
+                                           : EAR_GRID(fam == TWOSHOT ? EAR_CEIL_DIV(vecs, n) : vecs, grid_cap());
+      const uint32_t block = fam == LAMPORT ? EAR_LAMPORT_BLOCK(vecs, grid_cap()) : EAR_BLOCK_THREADS;
+      launch_kernel(kKernels[fam][BF16][ni], dim3(grid), dim3(block), st[r], false, &p);
+      return;
+    }
+    f.residual = residual;
+    f.gamma = gamma;
+    f.residual_out = out[r];
+    f.normed = normed[r];
+    f.tokens = kTokens;
+    f.hidden = kHidden;
+    f.eps = 1e-6f;
+    const int fam = k - K_ONESHOT_NORM;  // 0 one-shot, 1 two-shot, 2 Lamport
+    const uint32_t grid = fam == 2 ? ear_fused_lamport_grid_of(kTokens, kHidden, 2, grid_cap())
+                                   : EAR_FUSED_GRID(kTokens, grid_cap());
+    launch_kernel(kFusedBf16[fam][ni], dim3(grid), dim3(EAR_FUSED_BLOCK(kHidden, 2)), st[r], false, &f);
+  }
+  // Whether rank r's output (residual_out for the fused kinds) still holds its poison.
+  bool untouched(Kind k, int r) {
+    std::vector<uint8_t> h(count_of(k) * 2);
+    CK(cudaMemcpy(h.data(), out[r], h.size(), cudaMemcpyDeviceToHost));
+    return std::all_of(h.begin(), h.end(), [](uint8_t b) { return b == 0xff; });
+  }
+  // Whether rank r's output (residual_out: the residual is zero) is 1 + 2 + ... + n everywhere.
+  bool summed(Kind k, int r) {
+    std::vector<uint16_t> h(count_of(k));
+    CK(cudaMemcpy(h.data(), out[r], h.size() * 2, cudaMemcpyDeviceToHost));
+    const float want = n * (n + 1) / 2.0f;
+    return std::all_of(h.begin(), h.end(), [&](uint16_t b) {
+      const uint32_t bits = static_cast<uint32_t>(b) << 16;
+      float v;
+      std::memcpy(&v, &bits, 4);
+      return v == want;
+    });
+  }
+  unsigned code(int r) const { return static_cast<unsigned>(faults[r] & 0xff); }
+};
+
+void sync_all(FaultSim& s) {
+  for (int r = 0; r < s.n; ++r) wait_stream(s.st[r]);
+}
+
+void run(Kind k, int n, bool serialized) {
+  const uint64_t bound = 50'000'000;  // 50 ms
+  char name[96];
+  std::snprintf(name, sizeof name, "%s n%d", kKindName[k], n);
+  {
+    g_case = std::string(name) + " skip";
+    FaultSim s;
+    s.check_faults = false;
+    s.init(n);
+    s.fill(k);
+    const int skipped = n - 1;
+    for (int r = 0; r < n; ++r)
+      if (r != skipped) s.launch(k, r, bound);
+    sync_all(s);
+    bool all_faulted = true, one_timeout = false, aborted_everywhere = true;
+    for (int r = 0; r < n; ++r) {
+      if (r != skipped) {
+        all_faulted &= s.code(r) == EAR_FAULT_TIMEOUT || s.code(r) == EAR_FAULT_ABORTED;
+        all_faulted &= (s.faults[r] >> 8) == 1;  // the generation
+        one_timeout |= s.code(r) == EAR_FAULT_TIMEOUT;
+      }
+      aborted_everywhere &= s.abort_word(r) == EAR_FAULT_ABORTED;
+    }
+    report(all_faulted && one_timeout && s.faults[skipped] == 0,
+           "%s skip: the %d launched ranks ended with a fault (codes %u %u %u %u), one a timeout", name, n - 1,
+           s.code(0), s.code(1), n > 2 ? s.code(2) : 0, n > 3 ? s.code(3) : 0);
+    report(aborted_everywhere, "%s skip: every workspace's abort word is set, the skipped rank's too", name);
+    g_case = std::string(name) + " late";
+    s.launch(k, skipped, bound);
+    wait_stream(s.st[skipped]);
+    report(s.code(skipped) == EAR_FAULT_ABORTED && s.untouched(k, skipped),
+           "%s late: the skipped rank's call did nothing and recorded ABORTED (code %u)", name, s.code(skipped));
+    s.destroy();
+  }
+  const std::tuple<uint32_t, uint64_t, const char*> dead[] = {{EAR_FAULT_RELEASED, bound, "released"},
+                                                             {EAR_FAULT_ABORTED, 0, "no bound, aborted"}};
+  for (const auto& [why, timeout, label] : dead) {
+    g_case = std::string(name) + " " + label;
+    FaultSim s;
+    s.check_faults = false;
+    s.init(n);
+    s.fill(k);
+    s.set_abort(why);
+    for (int r = 0; r < n; ++r) s.launch(k, r, timeout);
+    sync_all(s);
+    bool nothing = true;
+    for (int r = 0; r < n; ++r) nothing &= s.code(r) == why && s.untouched(k, r);
+    report(nothing, "%s %s: every rank's call did nothing and recorded code %u", name, label, why);
+    s.destroy();
+  }
+  if (!serialized) {
+    g_case = std::string(name) + " control";
+    FaultSim s;
+    s.init(n);
+    s.fill(k);
+    for (int r = 0; r < n; ++r) s.launch(k, r, bound);
+    sync_all(s);
+    bool ok = true;
+    for (int r = 0; r < n; ++r) ok &= s.faults[r] == 0 && s.summed(k, r);
+    report(ok, "%s control: every rank launched with the bound set: correct sums, no fault", name);
+    s.destroy();  // reports the fault words too
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  SimOptions opt;
+  if (!sim_start(argc, argv, &opt)) return 2;
+  for (int n : {2, 4})
+    for (int k = K_ONESHOT; k <= K_LAMPORT_NORM; ++k) run(static_cast<Kind>(k), n, opt.one_launch);
+  std::printf("%d passed, %d failed\n", g_pass, g_fail);
+  return g_fail == 0 ? 0 : 1;
+}

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# One device call on a machine with one GPU (an H200): the cross-rank contract and the fault
+# injection of issue 19. Expects DIR (default .carry-contract) from tools/gpu/stage_contract.sh.
+#   gtest Faults.*        the CPU fault injection at the C/C++ ABI, here with a driver present
+#   gtest Gpu.*           the one-GPU plugin tests against this build (copy, NCCL, fused)
+#   rust contract         a skipped rank ends its peers with a timeout (every family, 2 and 4
+#                         ranks); a graph keeps the group it captured, a replay after the release
+#                         does nothing and reports it; two streams at once: one custom, one NCCL
+#   rust simulated ranks  every family, type and rank count through Group::launch (bounds set)
+#   sim_faults            every kernel family: skip, late, released, no bound, control
+#   sim_ranks, sim_fused  --quick: the kernels with their waits bounded, no fault word written
+#   memcheck              compute-sanitizer on the graph test (capture, release, replay) and on
+#                         sim_faults --one-launch; no API error is expected, so none is hidden
+# Prints one PASS/FAIL line per step and "contract_check: PASS" or "FAIL"; logs go to $OUT.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+dir=$(realpath "${1:-.carry-contract}")
+OUT=${OUT:-/tmp/edgellm-out}; mkdir -p "$OUT"
+export CUDA_DEVICE_MAX_CONNECTIONS=32 NCCL_NVLS_ENABLE=0
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+status=0
+step() { # name, log, command...: runs it with its output in log, prints its verdict
+  local name=$1 log=$2; shift 2
+  if "$@" >"$OUT/$log" 2>&1; then echo "PASS $name"; else echo "FAIL $name (rc=$?, $OUT/$log)"; status=1; fi
+  grep -E "^(PASS|FAIL) |passed|test result|HANG|panicked|ERROR SUMMARY|\[  (PASSED|FAILED) " "$OUT/$log" | grep -v "^PASS " | tail -4 | sed 's/^/    /'
+}
+for f in libNvInfer_edgellm_plugin.so.1 edgellm_plugin_tests_trt10 libedgellm_fake_nccl.so rust_gpu_contract \
+         rust_gpu_simulated_ranks sim_faults sim_ranks sim_fused; do
+  [ -e "$dir/$f" ] || { echo "FAIL missing $dir/$f: run tools/gpu/stage_contract.sh first"; exit 2; }
+done
+nccl=$( (ldconfig -p | awk '/libnccl.so.2 /{print $NF; exit}'; find / -name 'libnccl.so.2' -not -path '/proc/*' 2>/dev/null) | head -n1)
+gtest() { env EDGELLM_PLUGIN_PATH="$dir/libNvInfer_edgellm_plugin.so.1" EDGELLM_TEST_NCCL_LIBRARY="$nccl" \
+  timeout 300 "$dir/edgellm_plugin_tests_trt10" --gtest_filter="$1"; }
+step "gtest Faults.* (fault injection at the ABI, driver present)" gtest_faults.log gtest 'Faults.*'
+step "gtest Gpu.* (one GPU: copy, NCCL, fused, against this build)" gtest_gpu.log gtest 'Gpu.*:GpuFusedChain.*'
+step "rust contract: skipped ranks, graph lifetime, two streams" rust_contract.log \
+  timeout 300 "$dir/rust_gpu_contract" --ignored --test-threads 1 --nocapture
+step "rust simulated ranks: every family, type and rank count (waits bounded)" rust_simulated.log \
+  timeout 300 "$dir/rust_gpu_simulated_ranks" --ignored --test-threads 1 --nocapture
+step "sim_faults: skip, late, released, no bound, control (every family, 2 and 4 ranks)" sim_faults.log \
+  timeout 300 "$dir/sim_faults" --timeout 20
+step "sim_ranks --quick: no wait gives up" sim_ranks.log timeout 300 "$dir/sim_ranks" --quick --no-timing --timeout 20
+step "sim_fused --quick: no wait gives up" sim_fused.log timeout 300 "$dir/sim_fused" --quick --no-timing --timeout 20
+san=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -n1)
+if [ -n "$san" ]; then
+  step "memcheck: capture, release, replay (rust)" memcheck_graph.log timeout 300 "$san" --tool memcheck --error-exitcode 9 \
+    "$dir/rust_gpu_contract" --ignored --exact a_replay_after_the_release_touches_only_live_memory --nocapture
+  step "memcheck: sim_faults --one-launch" memcheck_sim_faults.log timeout 300 "$san" --tool memcheck --error-exitcode 9 \
+    "$dir/sim_faults" --one-launch --timeout 120
+else
+  echo "FAIL no compute-sanitizer on this machine"; status=1
+fi
+[ $status = 0 ] && echo "contract_check: PASS" || echo "contract_check: FAIL"
+exit $status
