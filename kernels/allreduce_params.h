@@ -84,10 +84,10 @@
 #define EAR_CEIL_DIV(x, y) ((((uint64_t)(x)) + (uint64_t)(y) - 1u) / (uint64_t)(y))
 
 /* Signal region: uint64_t slot[EAR_MAX_BLOCKS][EAR_MAX_RANKS] (16 KiB), then the line of the
- * abort word. */
+ * abort word, padded so that the data region starts 16 KiB-aligned as it did before that line. */
 #define EAR_SLOT_BYTES ((uint64_t)EAR_MAX_BLOCKS * EAR_MAX_RANKS * 8u)
 #define EAR_ABORT_OFFSET EAR_SLOT_BYTES
-#define EAR_SIGNAL_BYTES (EAR_SLOT_BYTES + EAR_ALIGN_BYTES)
+#define EAR_SIGNAL_BYTES (2u * EAR_SLOT_BYTES)
 /* Local state block (layout private to kernels/common.cuh: EAR_MAX_BLOCKS copies of the
  * call counters, 32 bytes each). */
 #define EAR_STATE_BYTES (EAR_MAX_BLOCKS * 32u)

@@ -46,7 +46,7 @@ namespace ear {
 template <typename T, int N>
 __device__ __forceinline__ void lamport_body(const EarAllReduceParams& p) {
   check_params<T, N>(p, EAR_LAMPORT_MAX_MSG(p.ws_max_bytes), /*any_block=*/true);
-  pdl_wait();
+  const uint64_t* const our_abort = open_call(p);
   const uint64_t vecs = vec_count<T>(p.count);
   const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
   const uint64_t first = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -57,7 +57,7 @@ __device__ __forceinline__ void lamport_body(const EarAllReduceParams& p) {
   const auto load = [&](uint64_t i) { return lamport_sanitize(load_input<T>(p.input, i, p.count)); };
   uint4 head[1];
   load_batch(head, first, stride, vecs, load);
-  const CallCounters c = begin_call(p, [&](CallCounters k) { return next_lamport_call(k, vecs); });
+  const CallCounters c = begin_call(p, our_abort, [&](CallCounters k) { return next_lamport_call(k, vecs); });
   const uint64_t m = p.ws_max_bytes;
   const int rank = p.rank;
   const uint64_t row_bytes = EAR_LAMPORT_ROW_BYTES(m);

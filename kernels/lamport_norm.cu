@@ -25,7 +25,7 @@ __device__ __forceinline__ void lamport_norm_body(const EarFusedParams& p) {
   const uint32_t hv = row_vecs<T>(p.hidden);
   const uint64_t m = p.ar.ws_max_bytes;
   check_fused<T, N>(p, EAR_FUSED_STAGE_BYTES(p.tokens, p.hidden, sizeof(T)), EAR_LAMPORT_MAX_MSG(m));
-  pdl_wait();
+  const uint64_t* const our_abort = open_call(p.ar);
   const bool vec_ok = (p.hidden * sizeof(T)) % EAR_VEC_BYTES == 0;
   const bool in_place = p.normed == p.ar.input;
   const uint64_t vecs = p.tokens * hv;
@@ -35,7 +35,7 @@ __device__ __forceinline__ void lamport_norm_body(const EarFusedParams& p) {
     return lamport_sanitize(load_row_chunk<T>(p.ar.input, row, p.hidden, k, vec_ok));
   };
   const auto load_flat = [&](uint64_t i) { return load(i / hv, static_cast<uint32_t>(i % hv)); };
-  const CallCounters c = begin_call(p.ar, [&](CallCounters k) { return next_lamport_call(k, vecs); });
+  const CallCounters c = begin_call(p.ar, our_abort, [&](CallCounters k) { return next_lamport_call(k, vecs); });
   const int rank = p.ar.rank;
   const uint64_t row_bytes = EAR_LAMPORT_ROW_BYTES(m);
   const uint64_t cur = c.lam_seq % 3u;

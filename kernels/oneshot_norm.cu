@@ -16,8 +16,8 @@ template <typename T, int N>
 __device__ __forceinline__ void oneshot_norm_body(const EarFusedParams& p) {
   const uint32_t hv = row_vecs<T>(p.hidden);
   check_fused<T, N>(p, EAR_FUSED_STAGE_BYTES(p.tokens, p.hidden, sizeof(T)), p.ar.ws_max_bytes);
-  pdl_wait();
-  const CallCounters c = begin_call(p.ar, next_barrier_call);
+  const uint64_t* const our_abort = open_call(p.ar);
+  const CallCounters c = begin_call(p.ar, our_abort, next_barrier_call);
   const uint64_t m = p.ar.ws_max_bytes;
   const bool vec_ok = (p.hidden * sizeof(T)) % EAR_VEC_BYTES == 0;
   const uint64_t bank_off = EAR_OFF_ONESHOT(m, N) + (c.seq & 1u) * EAR_ONESHOT_BANK_BYTES(m);

@@ -82,23 +82,38 @@ struct CallCounters {
   uint64_t seq, lam_seq, lam_prev_vecs;
 };
 
-// Start of a call, after pdl_wait: thread 0 reads copy blockIdx.x of the counters and
-// broadcasts them; then copies blockIdx.x + j*gridDim.x (j = threadIdx.x, then strided by
-// blockDim.x) get next(c); thread 0 rewrites the copy it read itself, after reading it.
-// Stores only, nothing waits for them. Meanwhile the first threads arm the CTA's bounded
-// waits and read our abort word: a call of an aborted group ends here (wait.cuh).
+// Start of a call, before anything reads what the previous kernel wrote: arms the CTA's
+// bounded waits (wait.cuh), then waits for the previous kernel (PDL). Arming depends on no
+// memory, so with PDL it overlaps that kernel's tail. Returns our abort word to the thread that
+// reads it in begin_call, NULL to the others.
+__device__ __forceinline__ uint64_t* open_call(const EarAllReduceParams& p) {
+  uint64_t* const ours = arm_waits(p);
+  pdl_wait();
+  return ours;
+}
+
+// After open_call: thread 0 reads copy blockIdx.x of the counters and the arm thread (of
+// another warp when the CTA has two: one round trip to memory for both) our abort word; both
+// are broadcast (a call of an aborted group ends here, wait.cuh). Then copies blockIdx.x + j*gridDim.x
+// (j = threadIdx.x, then strided by blockDim.x) get next(c); thread 0 rewrites the copy it read
+// itself, after reading it. Stores only, nothing waits for them. The abort word is read after
+// PDL's wait, so that an abort by the previous kernel of the stream is seen here.
 template <typename F>
-__device__ __forceinline__ CallCounters begin_call(const EarAllReduceParams& p, F next) {
+__device__ __forceinline__ CallCounters begin_call(const EarAllReduceParams& p, const uint64_t* ours, F next) {
   __shared__ CallCounters s;
   __shared__ uint64_t aborted;
   State* const st = static_cast<State*>(p.state);
-  if (threadIdx.x == 0) {
-    const State* mine = st + blockIdx.x;
-    s.seq = ld_volatile_u64(&mine->seq);
-    s.lam_seq = ld_volatile_u64(&mine->lam_seq);
-    s.lam_prev_vecs = ld_volatile_u64(&mine->lam_prev_vecs);
+  CallCounters mine{};
+  uint64_t abort_seen = 0;
+  if (threadIdx.x == 0) {  // the loads first, then the stores that wait for them
+    const State* copy = st + blockIdx.x;
+    mine.seq = ld_volatile_u64(&copy->seq);
+    mine.lam_seq = ld_volatile_u64(&copy->lam_seq);
+    mine.lam_prev_vecs = ld_volatile_u64(&copy->lam_prev_vecs);
   }
-  arm_waits(p, &aborted);
+  if (ours != nullptr) abort_seen = ld_volatile_u64(ours);
+  if (threadIdx.x == 0) s = mine;
+  if (ours != nullptr) aborted = abort_seen;
   __syncthreads();
   bail_if_aborted(aborted);
   const CallCounters c = s;

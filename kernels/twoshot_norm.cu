@@ -35,8 +35,8 @@ __device__ __forceinline__ void twoshot_norm_body(const EarFusedParams& p) {
   const uint64_t m = p.ar.ws_max_bytes;
   check_fused<T, N>(p, EAR_FUSED_TWOSHOT_SEG_NEED(p.tokens, p.hidden, sizeof(T), N),
                     EAR_TWOSHOT_SEG_BYTES(m, N));
-  pdl_wait();
-  const CallCounters c = begin_call(p.ar, next_barrier_call);
+  const uint64_t* const our_abort = open_call(p.ar);
+  const CallCounters c = begin_call(p.ar, our_abort, next_barrier_call);
   const int rank = p.ar.rank;
   const bool vec_ok = (p.hidden * sizeof(T)) % EAR_VEC_BYTES == 0;
   const uint32_t cs = (hv + N - 1) / N;  // column slice, in vectors

@@ -5,7 +5,9 @@
 // every rank (the abort word of each workspace, allreduce_params.h) and runs to its end
 // without waiting any more (its output is wrong: the host reports it, docs/DESIGN.md). Every
 // later call of the group, on any rank, finds its abort word set at its start and does
-// nothing; waits that are under way find it at their next look and give up too.
+// nothing (a call that the previous kernel of its stream aborted may start before it sees
+// that: its first look does); waits that are under way find it at their next look and give up
+// too.
 //
 // The fast path pays a compare: after an unsuccessful poll a spin loop reads the SM's cycle
 // counter and compares it with the CTA's next look (keep_waiting: no register held across the
@@ -26,16 +28,16 @@ namespace ear {
 // word and a read of %globaltimer: nothing next to that, and nothing next to the bound.
 constexpr long long kCyclesPerLook = 1ll << 16;
 
-// What the waits of one CTA need to give up, filled by arm_waits at the start of a call.
+// What the waits of one CTA need to give up, filled by arm_waits at the start of a call. The
+// rest (bound, fault word, generation, every rank's abort word) is read from the kernel's
+// parameters, a __grid_constant__ that looks reach through a pointer: arming stays a few
+// stores by one thread (filling the abort words of 16 ranks here cost a 2-rank 8 KiB call
+// 0.2-0.4 us of its 1.7, one H200, simulated ranks).
 struct WaitContext {
-  uint64_t timeout_ns;  // 0: no bound (the abort word is still looked at)
-  uint64_t deadline;    // 0 until the CTA's first look at the clock
-  long long next_look;  // clock64() when the next look is due
-  uint64_t* fault;      // host-visible; NULL: faults are not recorded
-  uint64_t* abort[EAR_MAX_RANKS];  // every rank's abort word, ours at [rank]
-  int rank, nranks;
-  uint32_t generation;
-  uint32_t gave_up;  // the EAR_FAULT_* code once a wait of this CTA gave up
+  const EarAllReduceParams* params;  // the kernel's own parameters
+  uint64_t deadline;                 // 0 until the CTA's first look at the clock
+  long long next_look;               // clock64() when the next look is due
+  uint32_t gave_up;                  // the EAR_FAULT_* code once a wait of this CTA gave up
 };
 
 __device__ __forceinline__ WaitContext& wait_context() {
@@ -47,6 +49,11 @@ __device__ __forceinline__ uint32_t ld_volatile_u32(const uint32_t* p) {
   return *reinterpret_cast<const volatile uint32_t*>(p);
 }
 
+// A workspace's abort word (allreduce_params.h).
+__device__ __forceinline__ uint64_t* abort_word(void* ws) {
+  return reinterpret_cast<uint64_t*>(static_cast<char*>(ws) + EAR_ABORT_OFFSET);
+}
+
 // The fault that a set abort word means: RELEASED when the host released the group, else
 // ABORTED (a peer gave up).
 __device__ __forceinline__ uint32_t abort_fault(uint64_t aborted) {
@@ -55,11 +62,11 @@ __device__ __forceinline__ uint32_t abort_fault(uint64_t aborted) {
 
 // Writes generation << 8 | code into the fault word unless it already holds a fault of this
 // generation: the first fault is the cause, the aborts it triggers on other CTAs come after.
-__device__ __forceinline__ void record_fault(const WaitContext& w, uint32_t code) {
-  if (w.fault == nullptr) return;
+__device__ __forceinline__ void record_fault(const EarAllReduceParams& p, uint32_t code) {
+  if (p.fault == nullptr) return;
   __threadfence_system();  // with the abort word's release: a fault that caused it is seen here
-  if ((ld_volatile_u64(w.fault) >> 8) != w.generation)
-    st_release_sys(w.fault, (static_cast<uint64_t>(w.generation) << 8) | code);
+  if ((ld_volatile_u64(p.fault) >> 8) != p.generation)
+    st_release_sys(p.fault, (static_cast<uint64_t>(p.generation) << 8) | code);
 }
 
 // A wait of this CTA gives up. The first one records why; a timeout also aborts the group on
@@ -68,9 +75,10 @@ __device__ __forceinline__ void record_fault(const WaitContext& w, uint32_t code
 __device__ __forceinline__ void give_up(WaitContext& w, uint32_t code) {
   *reinterpret_cast<volatile long long*>(&w.next_look) = 0;  // the CTA's other waits look at once
   if (atomicCAS(&w.gave_up, 0u, code) != 0u) return;
-  record_fault(w, code);
+  const EarAllReduceParams& p = *w.params;
+  record_fault(p, code);
   if (code == EAR_FAULT_TIMEOUT)
-    for (int q = 0; q < w.nranks; ++q) st_release_sys(w.abort[q], EAR_FAULT_ABORTED);
+    for (int q = 0; q < p.nranks; ++q) st_release_sys(abort_word(p.peer_ws[q]), EAR_FAULT_ABORTED);
 }
 
 // The look, every kCyclesPerLook cycles of a waiting CTA: false once the CTA gave up, the
@@ -78,17 +86,18 @@ __device__ __forceinline__ void give_up(WaitContext& w, uint32_t code) {
 __device__ __forceinline__ bool still_patient() {
   WaitContext& w = wait_context();
   if (ld_volatile_u32(&w.gave_up) != 0u) return false;
-  const uint64_t aborted = ld_volatile_u64(w.abort[w.rank]);
+  const EarAllReduceParams& p = *w.params;
+  const uint64_t aborted = ld_volatile_u64(abort_word(p.peer_ws[p.rank]));
   if (aborted != 0u) {  // by a peer that gave up (ABORTED), or by the host (RELEASED)
     give_up(w, abort_fault(aborted));
     return false;
   }
   *reinterpret_cast<volatile long long*>(&w.next_look) = clock64() + kCyclesPerLook;
-  if (w.timeout_ns == 0u) return true;
+  if (p.timeout_ns == 0u) return true;
   const uint64_t now = globaltimer();
   volatile uint64_t* const deadline = &w.deadline;
   if (*deadline == 0u) {  // threads racing here all store about the same value
-    *deadline = now + w.timeout_ns;
+    *deadline = now + p.timeout_ns;
     return true;
   }
   if (now < *deadline) return true;
@@ -101,38 +110,30 @@ __device__ __forceinline__ bool keep_waiting() {
   return clock64() < *reinterpret_cast<volatile long long*>(&wait_context().next_look) || still_patient();
 }
 
-// Start of a call (begin_call, before its __syncthreads): threads 0..EAR_MAX_RANKS-1 fill the
-// CTA's wait context, and thread `rank` reads our abort word into *aborted.
-__device__ __forceinline__ void arm_waits(const EarAllReduceParams& p, uint64_t* aborted) {
+// The thread that arms a CTA's waits and reads our abort word: thread 0 of warp 1 when the CTA
+// has one, so that it runs beside warp 0, whose thread 0 reads the call counters meanwhile (a
+// warp runs its branches one after the other).
+__device__ __forceinline__ bool is_arm_thread() { return threadIdx.x == (blockDim.x >= 64u ? 32u : 0u); }
+
+// Start of a call (open_call, sync.cuh: before PDL's wait, so that it also overlaps the
+// previous kernel). `p` must be the kernel's __grid_constant__ parameters (a pointer to them is
+// kept). Returns our abort word to the arm thread (which reads it at begin_call), NULL to
+// every other thread.
+__device__ __forceinline__ uint64_t* arm_waits(const EarAllReduceParams& p) {
+  if (!is_arm_thread()) return nullptr;
   WaitContext& w = wait_context();
-  const uint32_t t = threadIdx.x;
-  if (t < EAR_MAX_RANKS) {
-    // p.peer_ws[t] through compile-time indices: the by-value params stay in the constant bank.
-    void* ws = p.peer_ws[0];
-#pragma unroll
-    for (uint32_t q = 1; q < EAR_MAX_RANKS; ++q)
-      if (t == q) ws = p.peer_ws[q];
-    uint64_t* const word = reinterpret_cast<uint64_t*>(static_cast<char*>(ws) + EAR_ABORT_OFFSET);
-    w.abort[t] = word;  // entries past nranks are never used
-    if (static_cast<int>(t) == p.rank) *aborted = ld_volatile_u64(word);
-  }
-  if (t == 0) {
-    w.timeout_ns = p.timeout_ns;
-    w.deadline = 0;
-    w.fault = p.fault;
-    w.rank = p.rank;
-    w.nranks = p.nranks;
-    w.generation = p.generation;
-    w.gave_up = 0;
-    w.next_look = clock64() + kCyclesPerLook;
-  }
+  w.params = &p;
+  w.deadline = 0;
+  w.gave_up = 0;
+  w.next_look = clock64() + kCyclesPerLook;
+  return abort_word(p.peer_ws[p.rank]);  // check_params vetted the rank
 }
 
-// After that __syncthreads: a call of an aborted group does nothing. Thread 0 records why, and
-// the whole CTA exits (every thread read the same value).
+// After begin_call's __syncthreads: a call of an aborted group does nothing. Thread 0 records
+// why, and the whole CTA exits (every thread read the same value).
 __device__ __forceinline__ void bail_if_aborted(uint64_t aborted) {
   if (aborted == 0u) return;
-  if (threadIdx.x == 0) record_fault(wait_context(), abort_fault(aborted));
+  if (threadIdx.x == 0) record_fault(*wait_context().params, abort_fault(aborted));
   asm volatile("exit;");
 }
 

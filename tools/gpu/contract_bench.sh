@@ -12,13 +12,13 @@ args=${ARGS:---ranks 2,4,8 --sizes 8K,1M,64M --strategies oneshot,twoshot,lampor
 mapfile -t benches < <(ls "$dir"/bench-* 2>/dev/null)
 [ ${#benches[@]} = 2 ] || { echo "expected two benches in $dir (BENCH=1 tools/gpu/stage_contract.sh)"; exit 2; }
 # The base first: the build that is not HEAD's (its name is the BASE given to the stage script).
-base=${BASE:-a45a7c3}
+base=${BASE:-aa6094a}
 order=("$dir/bench-$base" "$(printf '%s\n' "${benches[@]}" | grep -v "bench-$base")")
 status=0
 runs=()
 for round in 1 2; do
   for b in "${order[@]}"; do
-    name="$(basename "$b" | sed 's/^bench-//')#$round"
+    name="$(basename "$b" | sed 's/^bench-//')_r$round"  # no '#': the device tool returns no such name
     echo "== $name: --mode sim $args"
     # shellcheck disable=SC2086
     timeout 280 "$b" --mode sim $args --csv "$OUT/$name.csv" --no-plot >"$OUT/$name.txt" 2>"$OUT/$name.err" || { echo "rc=$?"; status=1; }

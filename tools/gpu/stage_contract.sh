@@ -5,7 +5,7 @@
 # libnvinfer and the stand-in NCCL of the fault tests), the Rust GPU tests (contract, simulated
 # ranks), and the kernel simulations (faults, plain, fused). Run after tools/install.sh.
 # BENCH=1 also stages .carry-contract-bench/ (a carry of its own): edgellm-allreduce-bench of
-# this tree and of BASE (default a45a7c3, built from `git archive` in a temporary folder), for
+# this tree and of BASE (default aa6094a, main before the contract, built from `git archive` in a temporary folder), for
 # tools/gpu/contract_bench.sh (a device call of its own).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -27,7 +27,7 @@ done
 strip "$dest"/edgellm_plugin_tests_trt10 "$dest"/rust_*
 du -sh "$dest"
 if [ "${BENCH:-0}" = 1 ]; then
-  base=${BASE:-a45a7c3}
+  base=${BASE:-aa6094a}
   bench="$root/.carry-contract-bench"
   rm -rf "$bench" && mkdir -p "$bench"
   (cd "$root" && EDGELLM_CUDA_ARCHS=${archs//;/,} cargo build --release -q -p edgellm-allreduce-bench)
