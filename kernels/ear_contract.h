@@ -16,7 +16,8 @@
 // above 8 MiB publishes one flag per chunk). "EAR5": bounded waits, the abort word after the
 // signal slots, the fault word and timeout in the parameters, a 256-byte exchange record.
 // "EAR6": EAR5's bounded waits together with the two-shot at 4 and more ranks that pulls
-// between flag barriers (twoshot_wide.cu).
+// between flag barriers (twoshot_wide.cu), and a 32 KiB signal region (the data region
+// 16 KiB-aligned again).
 #define EAR_PROTOCOL_ID 1161908790
 
 // Fault codes: what a kernel writes into its fault word (`EarAllReduceParams::fault`, as
