@@ -176,12 +176,13 @@ __device__ __forceinline__ void rmsnorm_row(const EarFusedParams& p, uint64_t ro
     }
   }
   bool done;
+  Waiting wait;
   do {
     done = true;
 #pragma unroll
     for (int j = 0; j < KC; ++j)
       if (threadIdx.x + j * blockDim.x < hv) done = poll(threadIdx.x + j * blockDim.x, in[j]) && done;
-  } while (!done && keep_waiting());
+  } while (!done && wait.keep_on());
   uint4 cache[KC];
   float ss = 0.0f;
 #pragma unroll
@@ -194,7 +195,8 @@ __device__ __forceinline__ void rmsnorm_row(const EarFusedParams& p, uint64_t ro
   }
   for (uint32_t k = threadIdx.x + KC * blockDim.x; k < hv; k += blockDim.x) {
     In one = fetch(k);
-    while (!poll(k, one) && keep_waiting()) {
+    Waiting wait;
+    while (!poll(k, one) && wait.keep_on()) {
     }
     ss = add_squares<T>(ss, finish(k, one));
   }

@@ -59,7 +59,8 @@ __device__ __forceinline__ void flag_exchange(const EarAllReduceParams& p, uint6
     // at every poll, under the feet of the CTA's other warps. The acquire load reads the
     // value the relaxed one saw or a later one of the same writer (coherence), so it
     // synchronizes with the peer's release all the same.
-    while (ld_relaxed_sys(mine) < value && keep_waiting()) {
+    Waiting wait;
+    while (ld_relaxed_sys(mine) < value && wait.keep_on()) {
     }
     (void)ld_acquire_sys(mine);
   }

@@ -237,12 +237,13 @@ __device__ __forceinline__ void batch_step(uint64_t i0, uint64_t stride, uint64_
   decltype(load(uint64_t{0})) v[U];
   load_batch(v, i0, stride, n, load);
   bool done;
+  Waiting wait;
   do {
     done = true;
 #pragma unroll
     for (int u = 0; u < U; ++u)
       if (i0 + u * stride < n) done = poll(i0 + u * stride, v[u]) && done;
-  } while (!done && keep_waiting());
+  } while (!done && wait.keep_on());
 #pragma unroll
   for (int u = 0; u < U; ++u)
     if (i0 + u * stride < n) use(i0 + u * stride, v[u]);
@@ -256,10 +257,11 @@ __device__ __forceinline__ void batch_step_each(uint64_t i0, uint64_t stride, ui
                                                 Use use) {
   decltype(load(uint64_t{0})) v[U];
   load_batch(v, i0, stride, n, load);
+  Waiting wait;  // one for the batch
 #pragma unroll
   for (int u = 0; u < U; ++u)
     if (i0 + u * stride < n) {
-      while (!poll(i0 + u * stride, v[u]) && keep_waiting()) {
+      while (!poll(i0 + u * stride, v[u]) && wait.keep_on()) {
       }
       use(i0 + u * stride, v[u]);
     }

@@ -10,11 +10,13 @@
 // too.
 //
 // The fast path pays a compare: after an unsuccessful poll a spin loop reads the SM's cycle
-// counter and compares it with the CTA's next look (keep_waiting: no register held across the
-// loop, no memory access but one shared load). Only every kCyclesPerLook cycles does it look at
-// the abort word and the clock (%globaltimer). A call shorter than that never looks; the CTA's
-// first look sets its deadline; once a wait of the CTA gave up, every wait of the CTA gives up
-// after its next unsuccessful poll, so a kernel that gave up ends soon.
+// counter and compares it with its wait's next look, held in a register (Waiting): no memory
+// access. Only every kCyclesPerLook cycles does a wait look at the abort word and the clock
+// (%globaltimer). A wait shorter than that never looks; the CTA's first look sets its deadline;
+// once a wait of the CTA gave up, every wait of the CTA gives up at its next look, so a kernel
+// that gave up ends soon. The words the CTA's threads share (the deadline, whether one gave up)
+// are touched only by looks, and only with atomics: the threads race on them by design, and
+// plain accesses made those races undefined (compute-sanitizer's racecheck reported them).
 #pragma once
 
 #include <stdint.h>
@@ -35,18 +37,13 @@ constexpr long long kCyclesPerLook = 1ll << 16;
 // 0.2-0.4 us of its 1.7, one H200, simulated ranks).
 struct WaitContext {
   const EarAllReduceParams* params;  // the kernel's own parameters
-  uint64_t deadline;                 // 0 until the CTA's first look at the clock
-  long long next_look;               // clock64() when the next look is due
-  uint32_t gave_up;                  // the EAR_FAULT_* code once a wait of this CTA gave up
+  unsigned long long deadline;       // 0 until the CTA's first look at the clock (atomics only)
+  uint32_t gave_up;                  // the EAR_FAULT_* code once a wait of this CTA gave up (atomics only)
 };
 
 __device__ __forceinline__ WaitContext& wait_context() {
   __shared__ WaitContext ctx;
   return ctx;
-}
-
-__device__ __forceinline__ uint32_t ld_volatile_u32(const uint32_t* p) {
-  return *reinterpret_cast<const volatile uint32_t*>(p);
 }
 
 // A workspace's abort word (allreduce_params.h).
@@ -73,7 +70,6 @@ __device__ __forceinline__ void record_fault(const EarAllReduceParams& p, uint32
 // every rank (the release orders the fault word before the abort words: a CTA that is aborted
 // by them finds this fault recorded and leaves it).
 __device__ __forceinline__ void give_up(WaitContext& w, uint32_t code) {
-  *reinterpret_cast<volatile long long*>(&w.next_look) = 0;  // the CTA's other waits look at once
   if (atomicCAS(&w.gave_up, 0u, code) != 0u) return;
   const EarAllReduceParams& p = *w.params;
   record_fault(p, code);
@@ -81,34 +77,36 @@ __device__ __forceinline__ void give_up(WaitContext& w, uint32_t code) {
     for (int q = 0; q < p.nranks; ++q) st_release_sys(abort_word(p.peer_ws[q]), EAR_FAULT_ABORTED);
 }
 
-// The look, every kCyclesPerLook cycles of a waiting CTA: false once the CTA gave up, the
-// group is aborted or the deadline passed.
+// The look, every kCyclesPerLook cycles of a wait: false once the CTA gave up, the group is
+// aborted or the deadline passed.
 __device__ __forceinline__ bool still_patient() {
   WaitContext& w = wait_context();
-  if (ld_volatile_u32(&w.gave_up) != 0u) return false;
+  if (atomicOr(&w.gave_up, 0u) != 0u) return false;
   const EarAllReduceParams& p = *w.params;
   const uint64_t aborted = ld_volatile_u64(abort_word(p.peer_ws[p.rank]));
   if (aborted != 0u) {  // by a peer that gave up (ABORTED), or by the host (RELEASED)
     give_up(w, abort_fault(aborted));
     return false;
   }
-  *reinterpret_cast<volatile long long*>(&w.next_look) = clock64() + kCyclesPerLook;
   if (p.timeout_ns == 0u) return true;
-  const uint64_t now = globaltimer();
-  volatile uint64_t* const deadline = &w.deadline;
-  if (*deadline == 0u) {  // threads racing here all store about the same value
-    *deadline = now + p.timeout_ns;
-    return true;
-  }
-  if (now < *deadline) return true;
+  const unsigned long long now = globaltimer();
+  const unsigned long long deadline = atomicCAS(&w.deadline, 0ull, now + p.timeout_ns);  // the first look sets it
+  if (deadline == 0ull || now < deadline) return true;
   give_up(w, EAR_FAULT_TIMEOUT);
   return false;
 }
 
-// Between two polls of a wait that has not seen its data: true to poll again.
-__device__ __forceinline__ bool keep_waiting() {
-  return clock64() < *reinterpret_cast<volatile long long*>(&wait_context().next_look) || still_patient();
-}
+// One wait: declared where it starts, asked between two polls that have not seen the data.
+struct Waiting {
+  long long next_look;
+  __device__ __forceinline__ Waiting() { next_look = clock64() + kCyclesPerLook; }
+  // True to poll again.
+  __device__ __forceinline__ bool keep_on() {
+    if (clock64() < next_look) return true;
+    next_look = clock64() + kCyclesPerLook;
+    return still_patient();
+  }
+};
 
 // The thread that arms a CTA's waits and reads our abort word: thread 0 of warp 1 when the CTA
 // has one, so that it runs beside warp 0, whose thread 0 reads the call counters meanwhile (a
@@ -122,10 +120,9 @@ __device__ __forceinline__ bool is_arm_thread() { return threadIdx.x == (blockDi
 __device__ __forceinline__ uint64_t* arm_waits(const EarAllReduceParams& p) {
   if (!is_arm_thread()) return nullptr;
   WaitContext& w = wait_context();
-  w.params = &p;
+  w.params = &p;  // before begin_call's __syncthreads, as the two zeros: no look reads them sooner
   w.deadline = 0;
   w.gave_up = 0;
-  w.next_look = clock64() + kCyclesPerLook;
   return abort_word(p.peer_ws[p.rank]);  // check_params vetted the rank
 }
 

@@ -11,6 +11,7 @@
 #   sim_ranks, sim_fused  --quick: the kernels with their waits bounded, no fault word written
 #   memcheck              compute-sanitizer on the graph test (capture, release, replay) and on
 #                         sim_faults --one-launch; no API error is expected, so none is hidden
+#   racecheck             compute-sanitizer on sim_faults --one-launch: the waits' looks race-free
 # Prints one PASS/FAIL line per step and "contract_check: PASS" or "FAIL"; logs go to $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -46,6 +47,10 @@ if [ -n "$san" ]; then
   step "memcheck: capture, release, replay (rust)" memcheck_graph.log timeout 300 "$san" --tool memcheck --error-exitcode 9 \
     "$dir/rust_gpu_contract" --ignored --exact a_replay_after_the_release_touches_only_live_memory --nocapture
   step "memcheck: sim_faults --one-launch" memcheck_sim_faults.log timeout 300 "$san" --tool memcheck --error-exitcode 9 \
+    "$dir/sim_faults" --one-launch --timeout 120
+  # The looks of the bounded waits run here (skipped ranks wait past many looks): their shared
+  # words must show no race.
+  step "racecheck: sim_faults --one-launch" racecheck_sim_faults.log timeout 300 "$san" --tool racecheck --error-exitcode 9 \
     "$dir/sim_faults" --one-launch --timeout 120
 else
   echo "FAIL no compute-sanitizer on this machine"; status=1

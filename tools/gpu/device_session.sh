@@ -44,7 +44,7 @@ if [ "${SKIP_SIM:-0}" != 1 ]; then
   sanitize() { # one launch for all ranks: the sanitizer serializes kernels
     [ -n "$san" ] || { echo "no compute-sanitizer on this machine"; return 2; }
     need .carry/sim_ranks || return
-    timeout 150 "$san" --tool "$1" --error-exitcode 9 .carry/sim_ranks --quick --one-launch --no-timing --timeout 120 \
+    timeout "${SAN_LIMIT:-300}" "$san" --tool "$1" --error-exitcode 9 .carry/sim_ranks --quick --one-launch --no-timing --timeout 120 \
       >"$OUT/san_$1.log" 2>&1; local rc=$?
     grep -E "ERROR SUMMARY|RACECHECK SUMMARY|passed" "$OUT/san_$1.log" | tail -3
     return $rc
