@@ -112,6 +112,11 @@ struct RunArgs {
     /// Skip the eager (direct launch) timing.
     #[arg(long)]
     no_eager: bool,
+    /// Run under Nsight Compute with `--graph-profiling graph`, which serializes every launch
+    /// outside a graph: no start gate, no eager launch (implies --no-eager), the first check
+    /// through a one-op graph. Small sizes may then be bound by the host's launch rate.
+    #[arg(long)]
+    profiler: bool,
     /// Smoke run: sizes ×16 apart, fewer replays and batches.
     #[arg(long)]
     quick: bool,
@@ -253,7 +258,8 @@ fn run(a: RunArgs) -> i32 {
         graph_ops: a.graph_ops.max(1),
         batches: a.batches.unwrap_or(if quick { 5 } else { 15 }).max(1),
         warmup: a.warmup.unwrap_or(if quick { 1 } else { 3 }),
-        eager: !a.no_eager,
+        eager: !a.no_eager && !a.profiler,
+        profiler: a.profiler,
     };
     let suite = match (a.fused, a.suite) {
         (true, _) => Suite::Fused,

@@ -35,6 +35,11 @@ pub struct Settings {
     pub batches: u32,
     pub warmup: u32,
     pub eager: bool,
+    /// Under a profiler that serializes kernel launches (Nsight Compute with `--graph-profiling
+    /// graph`): no start gate and no eager launch, which would wait for ever behind it or leave
+    /// one rank's kernel waiting alone for its peers; the check before timing replays a one-op
+    /// graph instead.
+    pub profiler: bool,
 }
 
 /// What one thread does for one row.
@@ -242,7 +247,13 @@ fn batches(runner: &impl Runner, team: &impl Team, timer: &Timer, s: &Settings, 
 pub fn measure(runner: &impl Runner, team: &impl Team, timer: &Timer, s: &Settings, gate: Option<Gated>) -> Result<Measured, Fatal> {
     let mut m = Measured::default();
     let eager = || runner.enqueue();
-    if let Err(e) = checked(runner, team, &eager)? {
+    let one_op = if s.profiler { Some(capture(runner.stream(), || runner.enqueue())) } else { None };
+    let first = || match &one_op {
+        Some(Ok(g)) => g.launch().map_err(|e| format!("cuGraphLaunch: {e:?}")),
+        Some(Err(e)) => Err(format!("graph capture: {e}")),
+        None => eager(),
+    };
+    if let Err(e) = checked(runner, team, &first)? {
         m.status = Some(Status::Failed);
         m.note = format!("check before timing: {e}");
         return Ok(m);

@@ -530,7 +530,7 @@ pub fn run(plan: &Plan, nccl: Option<&Nccl>, nccl_note: &str, sink: &Mutex<Sink>
             }
         ));
         // Pinned, portable: every device's stream waits on the same word.
-        let gate = Gate::new().map_err(|e| say(format!("warning: no start gate: {e}"))).ok();
+        let gate = if !plan.settings.profiler { Gate::new().map_err(|e| say(format!("warning: no start gate: {e}"))).ok() } else { None };
         let shared = Shared {
             gate,
             plan,

@@ -296,7 +296,7 @@ pub fn run(plan_: &Plan, sink: &Mutex<Sink>) -> Result<(), Fatal> {
     let device = format!("GPU {} {}", plan_.device, gpu::device_name(&ctx));
     let origin = ctx.new_stream().ctx("cuStreamCreate").map_err(fatal)?;
     let timer = Timer::new(&ctx).map_err(fatal)?;
-    let gate = Gate::new().and_then(|g| g.probe(&origin).map(|d| (g, d)));
+    let gate = if !s.profiler { Gate::new().and_then(|g| g.probe(&origin).map(|d| (g, d))) } else { Err("--profiler".to_string()) };
     if let Err(e) = &gate {
         sink.lock().unwrap().say(format!("warning: no start gate ({e}): batches run ungated, small sizes may be bound by the host's launch rate"));
     }
