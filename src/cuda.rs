@@ -275,6 +275,20 @@ pub fn ipc_handle(ptr: DevicePtr) -> Result<[u8; 64]> {
     Ok(handle.reserved.map(|c| c as u8))
 }
 
+/// Where `ptr` lies: `Some((device, plain))` for device memory, `plain` when it is a cuMemAlloc
+/// allocation (legacy-IPC capable: peer access enabled with cuCtxEnablePeerAccess reaches it;
+/// pool and VMM memory is not); None for any other or unknown pointer.
+pub fn device_memory(ptr: DevicePtr) -> Option<(i32, bool)> {
+    use sys::CUpointer_attribute as A;
+    let (mut kind, mut device, mut plain) = (0u32, -1i32, 0u64);
+    let mut attributes = [A::CU_POINTER_ATTRIBUTE_MEMORY_TYPE, A::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, A::CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE];
+    let mut data: [*mut std::ffi::c_void; 3] = [(&mut kind as *mut u32).cast(), (&mut device as *mut i32).cast(), (&mut plain as *mut u64).cast()];
+    // SAFETY: three attributes, each with an out-pointer at least as large as its value; an
+    // unknown pointer is not an error here, it leaves the defaults (memory type 0).
+    let status = unsafe { sys::cuPointerGetAttributes(3, attributes.as_mut_ptr(), data.as_mut_ptr(), ptr.0) };
+    (status == sys::CUresult::CUDA_SUCCESS && kind == sys::CUmemorytype::CU_MEMORYTYPE_DEVICE as u32 && device >= 0).then_some((device, plain != 0))
+}
+
 /// Another process's allocation mapped into the current context; unmapped on drop, after the
 /// context finished its work (which must be current then).
 #[derive(Debug)]
