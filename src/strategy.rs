@@ -77,7 +77,7 @@ pub const ONE_DEVICE_AUTO_TABLE: RankTable<Option<Family>> = &[
     ),
     (
         4,
-        &[(256 << 10, Some(Family::Lamport)), (64 << 20, Some(Family::OneShot)), (u64::MAX, None)],
+        &[(256 << 10, Some(Family::Lamport)), (8 << 20, Some(Family::OneShot)), (64 << 20, Some(Family::TwoShot)), (u64::MAX, None)],
     ),
     (
         16,
@@ -355,7 +355,9 @@ mod tests {
         assert_eq!(at(2, 4 << 20, true), custom(Family::OneShot));
         assert_eq!(at(2, 4 << 20, false), custom(Family::TwoShot), "separate GPUs: the links favour the two-shot");
         assert_eq!(at(4, 256 << 10, true), custom(Family::Lamport));
-        assert_eq!(at(4, 64 << 20, true), custom(Family::OneShot));
+        assert_eq!(at(4, 8 << 20, true), custom(Family::OneShot));
+        assert_eq!(at(4, 16 << 20, true), custom(Family::TwoShot), "in place, the two-shot copies nothing");
+        assert_eq!(at(4, 64 << 20, true), custom(Family::TwoShot));
         assert_eq!(at(4, 1 << 20, false), custom(Family::TwoShot));
         assert_eq!(at(4, 512 << 10, false), custom(Family::OneShot));
         assert_eq!(at(8, 64 << 10, true), custom(Family::Lamport));
