@@ -144,9 +144,10 @@ impl Group {
     /// Whether every rank may read `input` (on `device`) in place: the group lives in this
     /// process (one address space) and `input` is device memory every rank's device reaches:
     /// any of that device's memory when all ranks share it (simulated ranks), else a plain
-    /// cuMemAlloc allocation, which the peer access of [`Group::in_process`] reaches (pool and
-    /// VMM allocations need grants of their own: those are copied). Only the 4+ rank two-shot
-    /// reads the answer, so smaller groups do not ask the driver.
+    /// cuMemAlloc allocation of the device's primary context, which the peer access of
+    /// [`Group::in_process`] reaches as it reaches the workspaces (pool and VMM allocations need
+    /// grants of their own: those are copied). Only the 4+ rank two-shot reads the answer, so
+    /// smaller groups do not ask the driver.
     fn input_shared(&self, device: i32, input: DevicePtr) -> bool {
         self.nranks >= 4
             && self.members.iter().all(Option::is_some)
