@@ -281,6 +281,7 @@ pub fn ipc_handle(ptr: DevicePtr) -> Result<[u8; 64]> {
 /// contexts, it does not); None for any other or unknown pointer.
 pub fn device_memory(ptr: DevicePtr) -> Option<(i32, bool)> {
     use sys::CUpointer_attribute as A;
+    driver().ok()?;
     let (mut kind, mut device, mut plain, mut context) = (0u32, -1i32, 0u64, 0usize);
     let mut attributes = [
         A::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
