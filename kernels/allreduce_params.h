@@ -24,7 +24,12 @@
  *                  written by any rank's kernel that gives up waiting (to every rank) and
  *                  by the host when it releases the group; read at the start of every call
  *                  (a call of an aborted group does nothing) and by every long wait
- *                  (kernels/wait.cuh).
+ *                  (kernels/wait.cuh);
+ *                  then (EAR_POINTER_SLOTS_OFFSET) uint64_t pointer_slot[EAR_MAX_BLOCKS]
+ *                  [EAR_MAX_RANKS]: pointer_slot[b][r] is written (plain, before its flag's
+ *                  release) only by CTA b of rank r at the first barrier of a 4+ rank
+ *                  two-shot: rank r's input when peers may read it in place, else 0
+ *                  (twoshot_wide.cu).
  *   data region  (offsets from the start of the data region, all 128-byte aligned):
  *     EAR_OFF_ONESHOT          2 banks x EAR_ONESHOT_BANK_BYTES(m)          (one-shot)
  *     EAR_OFF_TWOSHOT_STAGE    2 parities x (nranks-1) rows x EAR_TWOSHOT_SEG_BYTES(m, n)
@@ -84,10 +89,12 @@
 #define EAR_CEIL_DIV(x, y) ((((uint64_t)(x)) + (uint64_t)(y) - 1u) / (uint64_t)(y))
 
 /* Signal region: uint64_t slot[EAR_MAX_BLOCKS][EAR_MAX_RANKS] (16 KiB), then the line of the
- * abort word, padded so that the data region starts 16 KiB-aligned as it did before that line. */
+ * abort word, padded to 16 KiB, then uint64_t pointer_slot[EAR_MAX_BLOCKS][EAR_MAX_RANKS]
+ * (16 KiB): the data region starts 16 KiB-aligned. */
 #define EAR_SLOT_BYTES ((uint64_t)EAR_MAX_BLOCKS * EAR_MAX_RANKS * 8u)
 #define EAR_ABORT_OFFSET EAR_SLOT_BYTES
-#define EAR_SIGNAL_BYTES (2u * EAR_SLOT_BYTES)
+#define EAR_POINTER_SLOTS_OFFSET (2u * EAR_SLOT_BYTES)
+#define EAR_SIGNAL_BYTES (3u * EAR_SLOT_BYTES)
 /* Local state block (layout private to kernels/common.cuh: EAR_MAX_BLOCKS copies of the
  * call counters, 32 bytes each). */
 #define EAR_STATE_BYTES (EAR_MAX_BLOCKS * 32u)

@@ -8,7 +8,7 @@
 
 #include <stdint.h>
 
-// Names the kernels' cross-rank protocol and the exchange record's layout ("EAR6" read as
+// Names the kernels' cross-rank protocol and the exchange record's layout ("EAR7" read as
 // big-endian bytes): the one id of the contract (there is no other version number). Ranks
 // running builds with different ids never form a group: each rejects the other's records, so
 // all fall back to NCCL together instead of waiting on each other in kernels whose protocols
@@ -17,8 +17,16 @@
 // signal slots, the fault word and timeout in the parameters, a 256-byte exchange record.
 // "EAR6": EAR5's bounded waits together with the two-shot at 4 and more ranks that pulls
 // between flag barriers (twoshot_wide.cu), and a 32 KiB signal region (the data region
-// 16 KiB-aligned again).
-#define EAR_PROTOCOL_ID 1161908790
+// 16 KiB-aligned again). "EAR7": a 48 KiB signal region whose third part holds the pointer
+// slots through which the 4+ rank two-shot tells its peers where to read its input
+// (`EAR_CALL_INPUT_SHARED`).
+#define EAR_PROTOCOL_ID 1161908791
+
+// `EarAllReduceParams::flags`: peers may read this rank's input in place for this call (the
+// group lives in one process and the input is memory every rank's device reaches). The 4+
+// rank two-shot then skips the copy into its workspace; other kernels ignore the flag. Each
+// rank sets it for itself: a peer learns it in-kernel, per call (twoshot_wide.cu).
+#define EAR_CALL_INPUT_SHARED 1
 
 // Fault codes: what a kernel writes into its fault word (`EarAllReduceParams::fault`, as
 // `generation << 8 | code`) and what a group's abort word holds (0: the group is live).
@@ -78,8 +86,8 @@ typedef struct EarAllReduceParams {
   uint64_t timeout_ns;
   // The group's generation (>= 1), recorded with a fault so the host tells groups apart.
   uint32_t generation;
-  // Zero.
-  uint32_t reserved;
+  // `EAR_CALL_*` bits of this call; 0 for none.
+  uint32_t flags;
 } EarAllReduceParams;
 
 // The only argument of the fused all-reduce + residual (+ bias) + RMSNorm kernels, passed by

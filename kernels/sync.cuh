@@ -49,9 +49,9 @@ __device__ __forceinline__ uint64_t flag_value(uint64_t seq, uint32_t i) {
 // slot[blockIdx.x][rank] (st.release.sys: every write this thread has observed, e.g. the
 // CTA's through a bar.sync, is ordered before it) and spins on our slot[blockIdx.x][q]
 // until it holds a value >= `value` (ld.relaxed.sys, then one ld.acquire.sys), or gives up
-// (wait.cuh). Other lanes return at once.
+// (wait.cuh). Other lanes return at once. Returns false when this lane gave up.
 template <int N>
-__device__ __forceinline__ void flag_exchange(const EarAllReduceParams& p, uint64_t value, int q) {
+__device__ __forceinline__ bool flag_exchange(const EarAllReduceParams& p, uint64_t value, int q) {
   if (q < N && q != p.rank) {
     st_release_sys(signal_slot(peer_base<N>(p, q), blockIdx.x, p.rank), value);
     const uint64_t* mine = signal_slot(peer_base<N>(p, p.rank), blockIdx.x, q);
@@ -62,8 +62,9 @@ __device__ __forceinline__ void flag_exchange(const EarAllReduceParams& p, uint6
     Waiting wait;
     while (ld_relaxed_sys(mine) < value && wait.keep_on()) {
     }
-    (void)ld_acquire_sys(mine);
+    return ld_acquire_sys(mine) >= value;
   }
+  return true;
 }
 
 // Cross-rank barrier of CTA blockIdx.x with the CTAs of the same index on every rank.
@@ -75,6 +76,29 @@ template <int N>
 __device__ __forceinline__ void cta_barrier(const EarAllReduceParams& p, uint64_t value) {
   __syncthreads();
   flag_exchange<N>(p, value, static_cast<int>(threadIdx.x));
+  __syncthreads();
+}
+
+// cta_barrier that also tells each peer where to read our input this call and learns where to
+// read theirs (the 4+ rank two-shot, twoshot_wide.cu). `ours`: our input when peers may read
+// it in place (EAR_CALL_INPUT_SHARED), else NULL (read our workspace's copy). Lane q writes it
+// into peer q's pointer_slot[blockIdx.x][rank] before its flag's release, and after the
+// acquire reads peer q's from our own pointer_slot[blockIdx.x][q] into theirs[q] (shared
+// memory; NULL for ourselves, and for a peer whose flag never came: a wait that gave up reads
+// the copy, never a stale pointer). Peer q rewrites that slot only at this barrier of its
+// next call, which it reaches only after our next barrier of this one.
+template <int N>
+__device__ __forceinline__ void cta_barrier_sharing(const EarAllReduceParams& p, uint64_t value, const void* ours,
+                                                    const void** theirs) {
+  __syncthreads();
+  const int q = static_cast<int>(threadIdx.x);
+  if (q < N && q != p.rank)
+    *pointer_slot(peer_base<N>(p, q), blockIdx.x, p.rank) = reinterpret_cast<uint64_t>(ours);
+  const bool arrived = flag_exchange<N>(p, value, q);
+  if (q < N)
+    theirs[q] = q == p.rank || !arrived ? nullptr
+                                        : reinterpret_cast<const void*>(
+                                              ld_volatile_u64(pointer_slot(peer_base<N>(p, p.rank), blockIdx.x, q)));
   __syncthreads();
 }
 

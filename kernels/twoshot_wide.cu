@@ -13,17 +13,22 @@
 //   Thread t of CTA b handles offsets j = b*512 + t (grid-stride) inside EVERY segment, in
 //   all phases, so it only ever reads what the same-index CTA of each rank wrote:
 //   1. copy     for every s != rank, input vector s*seg+j into our bank (local writes);
-//   2. barrier  cta_barrier(flag_value(seq, 0));
-//   3. reduce   our input vector rank*seg+j and bank vector rank*seg+j of every peer (N-1
-//               remote reads), summed in rank order 0..N-1; the sum goes to our output and
-//               into our bank at rank*seg+j. Last-copied first: its reads then hit the L2
-//               lines step 1 wrote last (simulation, 4 / 8 ranks, 16 MiB: 87.9 / 147.5 us
-//               against 90.9 / 151.0 in copy order);
+//               skipped when peers read our input in place (EAR_CALL_INPUT_SHARED: the
+//               group lives in one process and the host found our input reachable);
+//   2. barrier  cta_barrier_sharing(flag_value(seq, 0)): with the flags, each rank tells its
+//               peers where its vectors are this call: its input (in place) or its bank;
+//   3. reduce   our input vector rank*seg+j and vector rank*seg+j of every peer, from where
+//               it said (N-1 remote reads), summed in rank order 0..N-1; the sum goes to our
+//               output and into our bank at rank*seg+j. Last-copied first: its reads then
+//               hit the L2 lines step 1 wrote last (simulation, 4 / 8 ranks, 16 MiB: 87.9 /
+//               147.5 us against 90.9 / 151.0 in copy order);
 //   4. barrier  cta_barrier(flag_value(seq, 1));
 //   5. gather   for every s != rank, bank vector s*seg+j of rank s (its sum) into our output,
 //               in copy order (first the sums step 3 wrote last).
 //   In place: each output vector is written by the thread that read the matching input
-//   vector, after reading it; peers read only our bank.
+//   vector, after reading it. Peers read our input (when we let them) only in step 3 and
+//   only outside our segment, and we write outside our segment only in step 5, after
+//   barrier 2, which every peer passes only after its step 3.
 //
 // Why bank reuse is safe without an exit barrier: the one-shot's argument (oneshot.cu). Call
 // seq writes bank seq % 2, which peers last read in call seq-2; this call completes on a rank
@@ -75,11 +80,20 @@ __device__ __forceinline__ void twoshot_wide_body(const EarAllReduceParams& p) {
     for (int s = 0; s < N; ++s)
       if (s != rank && s * seg + j < vecs) st_vec(own_bank + (s * seg + j) * 16, v.v[s]);
   };
+  // Where each peer's vectors are this call (step 2): its input, or NULL for its bank.
+  __shared__ const void* theirs[N];
   const auto reduce_load = [&](uint64_t j) {
     Ranks<N> v;
 #pragma unroll
-    for (int r = 0; r < N; ++r)
-      v.v[r] = r == rank ? load_input<T>(p.input, own_first + j, p.count) : ld_cg(bank(r) + (own_first + j) * 16);
+    for (int r = 0; r < N; ++r) {
+      if (r == rank) {
+        v.v[r] = load_input<T>(p.input, own_first + j, p.count);
+      } else {
+        const void* const in_place = theirs[r];
+        v.v[r] = in_place != nullptr ? load_input_cg<T>(in_place, own_first + j, p.count)
+                                     : ld_cg(bank(r) + (own_first + j) * 16);
+      }
+    }
     return v;
   };
   const auto reduce_use = [&](uint64_t j, const Ranks<N>& v) {
@@ -102,9 +116,15 @@ __device__ __forceinline__ void twoshot_wide_body(const EarAllReduceParams& p) {
 
   constexpr int U = kReduceBatch<N>;
   const uint64_t step = U * stride;  // one batch of every thread
-  if (Opts & kWideCopy)
+  const bool shared_input = (p.flags & EAR_CALL_INPUT_SHARED) != 0u;
+  if ((Opts & kWideCopy) && !shared_input)
     for (uint64_t i0 = first; i0 < seg; i0 += step) batch_step<U>(i0, stride, seg, copy_load, Arrived{}, copy_use);
-  if (Opts & kWideBarrier1) cta_barrier<N>(p, flag_value(c.seq, 0));
+  if (Opts & kWideBarrier1) {
+    cta_barrier_sharing<N>(p, flag_value(c.seq, 0), shared_input ? p.input : nullptr, theirs);
+  } else {
+    if (threadIdx.x < N) theirs[threadIdx.x] = nullptr;
+    __syncthreads();
+  }
   if ((Opts & kWideReduce) && first < own_len) {
     const uint64_t batches = (own_len - first + step - 1) / step;
     for (uint64_t b = 0; b < batches; ++b)

@@ -150,6 +150,15 @@ __device__ __forceinline__ uint4 load_input(const void* in, uint64_t vi, uint64_
   return load_elems<T>(static_cast<const B*>(in) + first, first < count ? count - first : 0);
 }
 
+// load_input for a peer's input read in place (twoshot_wide.cu): its whole vectors through L2
+// (ld.cg, as every read of a peer's memory), the last partial one element by element.
+template <typename T>
+__device__ __forceinline__ uint4 load_input_cg(const void* in, uint64_t vi, uint64_t count) {
+  constexpr int E = Elem<T>::E;
+  if (vi * E + E <= count) return ld_cg(static_cast<const char*>(in) + vi * 16);
+  return load_input<T>(in, vi, count);
+}
+
 template <typename T>
 __device__ __forceinline__ void store_output(void* out, uint64_t vi, uint64_t count, uint4 v) {
   constexpr int E = Elem<T>::E;
@@ -180,6 +189,10 @@ __device__ __forceinline__ char* data_region(void* ws) {
 
 __device__ __forceinline__ uint64_t* signal_slot(void* ws, int block, int src_rank) {
   return static_cast<uint64_t*>(ws) + static_cast<uint64_t>(block) * EAR_MAX_RANKS + src_rank;
+}
+
+__device__ __forceinline__ uint64_t* pointer_slot(void* ws, int block, int src_rank) {
+  return signal_slot(static_cast<char*>(ws) + EAR_POINTER_SLOTS_OFFSET, block, src_rank);
 }
 
 // Traps on a broken launch contract instead of corrupting memory or hanging peers.

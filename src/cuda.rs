@@ -275,6 +275,36 @@ pub fn ipc_handle(ptr: DevicePtr) -> Result<[u8; 64]> {
     Ok(handle.reserved.map(|c| c as u8))
 }
 
+/// Where `ptr` lies: `Some((device, peer_reachable))` for device memory, `peer_reachable` when
+/// it is a cuMemAlloc allocation (legacy-IPC capable) of the device's primary context, which
+/// the peer access of [`enable_peer_access`] reaches (pool and VMM memory, and memory of other
+/// contexts, it does not); None for any other or unknown pointer.
+pub fn device_memory(ptr: DevicePtr) -> Option<(i32, bool)> {
+    use sys::CUpointer_attribute as A;
+    driver().ok()?;
+    let (mut kind, mut device, mut plain, mut context) = (0u32, -1i32, 0u64, 0usize);
+    let mut attributes = [
+        A::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+        A::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+        A::CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE,
+        A::CU_POINTER_ATTRIBUTE_CONTEXT,
+    ];
+    let mut data: [*mut std::ffi::c_void; 4] = [
+        (&mut kind as *mut u32).cast(),
+        (&mut device as *mut i32).cast(),
+        (&mut plain as *mut u64).cast(),
+        (&mut context as *mut usize).cast(),
+    ];
+    // SAFETY: four attributes, each with an out-pointer at least as large as its value; an
+    // unknown pointer is not an error here, it leaves the defaults (memory type 0).
+    let status = unsafe { sys::cuPointerGetAttributes(4, attributes.as_mut_ptr(), data.as_mut_ptr(), ptr.0) };
+    if status != sys::CUresult::CUDA_SUCCESS || kind != sys::CUmemorytype::CU_MEMORYTYPE_DEVICE as u32 || device < 0 {
+        return None;
+    }
+    let primary = plain != 0 && primary_context(device).is_ok_and(|c| c as usize == context);
+    Some((device, primary))
+}
+
 /// Another process's allocation mapped into the current context; unmapped on drop, after the
 /// context finished its work (which must be current then).
 #[derive(Debug)]

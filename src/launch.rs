@@ -3,7 +3,7 @@
 //! ([`crate::contract`]), and `cuLaunchKernelEx` on TensorRT's stream ([`crate::cuda::launch`]).
 //! The grid and block depend only on the call, so every rank launches the same grid.
 
-use crate::contract::{EarAllReduceParams, EarFusedParams};
+use crate::contract::{EarAllReduceParams, EarFusedParams, EAR_CALL_INPUT_SHARED};
 use crate::cuda::{self, DevicePtr, Stream};
 use crate::error::{Error, Result};
 use crate::family::{self, Family, Op};
@@ -100,7 +100,7 @@ impl FusedCall {
             fault: std::ptr::null_mut(),
             timeout_ns: 0,
             generation: 0,
-            reserved: 0,
+            flags: 0,
         };
         let (grid, block) = family::norm_grid_block(self.tokens, self.hidden, dtype.size(), kernels.sm_count);
         // SAFETY: the caller's buffers, the kernel's own parameter block.
@@ -136,9 +136,22 @@ impl Group {
             fault: member.fault.as_mut().cast(),
             timeout_ns: self.timeout_ns,
             generation: self.generation,
-            reserved: 0,
+            flags: if self.input_shared(member.device, input) { EAR_CALL_INPUT_SHARED } else { 0 },
         };
         Ok((&member.kernels, params))
+    }
+
+    /// Whether every rank may read `input` (on `device`) in place: the group lives in this
+    /// process (one address space) and `input` is device memory every rank's device reaches:
+    /// any of that device's memory when all ranks share it (simulated ranks), else a plain
+    /// cuMemAlloc allocation of the device's primary context, which the peer access of
+    /// [`Group::in_process`] reaches as it reaches the workspaces (pool and VMM allocations need
+    /// grants of their own: those are copied). Only the 4+ rank two-shot reads the answer, so
+    /// smaller groups do not ask the driver.
+    fn input_shared(&self, device: i32, input: DevicePtr) -> bool {
+        self.nranks >= 4
+            && self.members.iter().all(Option::is_some)
+            && cuda::device_memory(input).is_some_and(|(at, plain)| at == device && (plain || self.one_device()))
     }
 
     /// Enqueues rank `rank`'s part of one all-reduce on `stream` (a stream of that rank's device).
