@@ -149,9 +149,8 @@ impl Group {
     /// grants of their own: those are copied). Only the 4+ rank two-shot reads the answer, so
     /// smaller groups do not ask the driver.
     fn input_shared(&self, device: i32, input: DevicePtr) -> bool {
-        self.nranks >= 4
-            && self.members.iter().all(Option::is_some)
-            && cuda::device_memory(input).is_some_and(|(at, plain)| at == device && (plain || self.one_device()))
+        let in_process = self.members.iter().all(Option::is_some);
+        self.nranks >= 4 && in_process && peers_reach(device, self.one_device(), cuda::device_memory(input))
     }
 
     /// Enqueues rank `rank`'s part of one all-reduce on `stream` (a stream of that rank's device).
@@ -183,5 +182,26 @@ impl Group {
         let (grid, block) = family.fused_grid_block(call.tokens, call.hidden, dtype.size(), self.max_blocks);
         // SAFETY: as in launch.
         unsafe { cuda::launch(f, grid, block, stream, &call.params(ar), kernels.pdl) }
+    }
+}
+
+/// The rule of [`Group::input_shared`] for a group of one process, given where the input lies
+/// ([`cuda::device_memory`]: its device, and whether the peer access between primary contexts
+/// reaches it): on the rank's own device, and reachable, or every rank on that device.
+fn peers_reach(device: i32, one_device: bool, memory: Option<(i32, bool)>) -> bool {
+    memory.is_some_and(|(at, reachable)| at == device && (reachable || one_device))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::peers_reach;
+
+    #[test]
+    fn peers_read_an_input_in_place_only_where_they_reach_it() {
+        assert!(peers_reach(1, false, Some((1, true))), "a cuMemAlloc allocation of the primary context, separate GPUs");
+        assert!(!peers_reach(1, false, Some((1, false))), "pool, VMM or another context's memory on separate GPUs: copied");
+        assert!(peers_reach(0, true, Some((0, false))), "simulated ranks: any memory of the one device");
+        assert!(!peers_reach(1, false, Some((0, true))), "memory of another device than the rank's");
+        assert!(!peers_reach(0, true, None), "host memory, or a pointer the driver does not know");
     }
 }
