@@ -31,6 +31,6 @@ constexpr int kThreads = EAR_BLOCK_THREADS;
 // ear_<FAMILY>_<TNAME>_n<N>(EarAllReduceParams) running BODY<T, N> on every CTA.
 #define EAR_DEFINE_KERNEL(FAMILY, BODY, TNAME, T, N)                                       \
   extern "C" __global__ void __launch_bounds__(EAR_BLOCK_THREADS, 1)                        \
-      ear_##FAMILY##_##TNAME##_n##N(const __grid_constant__ EarAllReduceParams params) {                     \
+      ear_##FAMILY##_##TNAME##_n##N(const __grid_constant__ EarAllReduceParams params) {    \
     BODY<T, N>(params);                                                                     \
   }

@@ -91,6 +91,6 @@ __device__ __forceinline__ float block_sum(float v) {
 // ear_<FAMILY>_<TNAME>_n<N>(EarFusedParams) running BODY<T, N> on every CTA (*_norm.cu).
 #define EAR_DEFINE_FUSED_KERNEL(FAMILY, BODY, TNAME, T, N)                                 \
   extern "C" __global__ void __launch_bounds__(EAR_FUSED_MAX_THREADS, 1)                    \
-      ear_##FAMILY##_##TNAME##_n##N(const __grid_constant__ EarFusedParams params) {                         \
+      ear_##FAMILY##_##TNAME##_n##N(const __grid_constant__ EarFusedParams params) {        \
     BODY<T, N>(params);                                                                     \
   }

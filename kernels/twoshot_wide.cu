@@ -35,10 +35,10 @@
 // only after every peer has started it (barrier 1, which every CTA takes), so a peer that
 // starts call seq+2 has seen every rank complete seq+1, hence start it, hence complete seq.
 //
-// Cost per rank: (N-1)/N*S local copy, 2*(N-1)/N*S NVLink reads (steps 3 and 5), two flag
-// round trips. On simulated ranks, where one GPU's memory carries every rank's bytes, the
-// copy is what separates it from peers that reduce registered buffers in place
-// (docs/PERFORMANCE.md).
+// Cost per rank: (N-1)/N*S local copy (none when peers read our input in place), 2*(N-1)/N*S
+// NVLink reads (steps 3 and 5), two flag round trips. On simulated ranks, where one GPU's
+// memory carries every rank's bytes, the copy was what separated it from peers that reduce
+// registered buffers in place (docs/PERFORMANCE.md).
 #include "common.cuh"
 
 namespace ear {

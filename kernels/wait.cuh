@@ -4,10 +4,9 @@
 // gives up: the kernel records the fault in its host-visible fault word, aborts the group on
 // every rank (the abort word of each workspace, allreduce_params.h) and runs to its end
 // without waiting any more (its output is wrong: the host reports it, docs/DESIGN.md). Every
-// later call of the group, on any rank, finds its abort word set at its start and does
-// nothing (a call that the previous kernel of its stream aborted may start before it sees
-// that: its first look does); waits that are under way find it at their next look and give up
-// too.
+// later call of the group, on any rank, finds its abort word set at its start (read after
+// PDL's wait, so an abort by the previous kernel of its stream is seen) and does nothing;
+// waits that are under way find it at their next look and give up too.
 //
 // The fast path pays a compare: after an unsuccessful poll a spin loop reads the SM's cycle
 // counter and compares it with its wait's next look, held in a register (Waiting): no memory

@@ -19,7 +19,8 @@ pub enum Family {
     OneShot,
     /// Reduce-scatter, then all-gather: 2(N-1)/N of the data over the links. 2 ranks: pushed
     /// through a polled (Lamport) stage and gather (above 8 MiB paced by per-chunk flags,
-    /// pipelined); 4 and more: a local copy, then pulled between two flag barriers per chunk.
+    /// pipelined); 4 and more: a local copy (none when the peers read the input in place), then
+    /// pulled between two flag barriers.
     TwoShot,
     /// Push one-shot whose payload is its own arrival flag: no barrier (small messages).
     Lamport,
@@ -45,7 +46,7 @@ impl Family {
             (Family::OneShot, Op::AllReduce) => "oneshot_barrier",
             // Data polled like Lamport's, above 8 MiB paced by per-chunk flags (twoshot.cu).
             (Family::TwoShot, Op::AllReduce) if nranks <= 2 => "twoshot_polled",
-            // Local copy, pull between two flag barriers per chunk (twoshot_wide.cu).
+            // Local copy (or the input read in place), pull between two flag barriers (twoshot_wide.cu).
             (Family::TwoShot, Op::AllReduce) => "twoshot_barrier",
             // Push, the payload its own flag: no barrier (lamport.cu).
             (Family::Lamport, Op::AllReduce) => "oneshot_lamport",
