@@ -136,7 +136,7 @@ impl Group {
             fault: member.fault.as_mut().cast(),
             timeout_ns: self.timeout_ns,
             generation: self.generation,
-            flags: if self.input_shared(member.device, input) { EAR_CALL_INPUT_SHARED } else { 0 },
+            flags: 0,
         };
         Ok((&member.kernels, params))
     }
@@ -147,7 +147,7 @@ impl Group {
     /// cuMemAlloc allocation of the device's primary context, which the peer access of
     /// [`Group::in_process`] reaches as it reaches the workspaces (pool and VMM allocations need
     /// grants of their own: those are copied). Only the 4+ rank two-shot reads the answer, so
-    /// smaller groups do not ask the driver.
+    /// only its launches ask the driver.
     fn input_shared(&self, device: i32, input: DevicePtr) -> bool {
         let in_process = self.members.iter().all(Option::is_some);
         self.nranks >= 4 && in_process && peers_reach(device, self.one_device(), cuda::device_memory(input))
@@ -161,7 +161,10 @@ impl Group {
     /// count) in the same order.
     #[allow(clippy::too_many_arguments)] // one call's operands, as enqueue receives them
     pub unsafe fn launch(&self, rank: i32, family: Family, dtype: DataType, input: DevicePtr, output: DevicePtr, count: usize, stream: Stream) -> Result<()> {
-        let (kernels, params) = self.rank_params(rank, input, output, count as u64)?;
+        let (kernels, mut params) = self.rank_params(rank, input, output, count as u64)?;
+        if family == Family::TwoShot && self.input_shared(self.member(rank)?.device, input) {
+            params.flags = EAR_CALL_INPUT_SHARED;
+        }
         let op = Op::AllReduce;
         let f = kernels.function(family, op, dtype, self.nranks).ok_or_else(|| Error::NoKernel(family::kernel_name(family, op, dtype, self.nranks)))?;
         let vecs = (params.count * dtype.size() as u64).div_ceil(16);
