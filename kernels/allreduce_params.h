@@ -18,18 +18,20 @@
  *   [ data region   : EAR_DATA_BYTES(max_msg, nranks) ]  offset EAR_SIGNAL_BYTES
  *
  *   signal region: uint64_t slot[EAR_MAX_BLOCKS][EAR_MAX_RANKS]; slot[b][r] is written
- *                  (st.release.sys) only by CTA b of rank r, read only by its owner;
+ *                  (st.release.sys; the in-place one-shot's "done" relaxed) only by CTA b of
+ *                  rank r, read only by its owner;
  *                  then one 128-byte line whose first uint64_t is the ABORT word
  *                  (EAR_ABORT_OFFSET): 0 while the group is live, else an EAR_FAULT_* code:
  *                  written by any rank's kernel that gives up waiting (to every rank) and
  *                  by the host when it releases the group; read at the start of every call
  *                  (a call of an aborted group does nothing) and by every long wait
  *                  (kernels/wait.cuh);
- *                  then (EAR_POINTER_SLOTS_OFFSET) uint64_t pointer_slot[EAR_MAX_BLOCKS]
- *                  [EAR_MAX_RANKS]: pointer_slot[b][r] is written (plain, before its flag's
- *                  release) only by CTA b of rank r at the first barrier of a 4+ rank
- *                  two-shot: rank r's input when peers may read it in place, else 0
- *                  (twoshot_wide.cu).
+ *                  then (EAR_POINTER_SLOTS_OFFSET) 16-byte entries pointer_slot[EAR_MAX_BLOCKS]
+ *                  [EAR_MAX_RANKS] = {value, pointer}: written (one 16-byte atomic, sm_90+) only
+ *                  by CTA b of rank r at the first barrier of a 4+ rank one-shot or two-shot
+ *                  that exchanges pointers (EAR_CALL_POINTERS): the barrier's flag value and
+ *                  rank r's input when peers may read it in place, else 0 (sync.cuh,
+ *                  cta_barrier_sharing).
  *   data region  (offsets from the start of the data region, all 128-byte aligned):
  *     EAR_OFF_ONESHOT          2 banks x EAR_ONESHOT_BANK_BYTES(m)          (one-shot)
  *     EAR_OFF_TWOSHOT_STAGE    2 parities x (nranks-1) rows x EAR_TWOSHOT_SEG_BYTES(m, n)
@@ -89,12 +91,12 @@
 #define EAR_CEIL_DIV(x, y) ((((uint64_t)(x)) + (uint64_t)(y) - 1u) / (uint64_t)(y))
 
 /* Signal region: uint64_t slot[EAR_MAX_BLOCKS][EAR_MAX_RANKS] (16 KiB), then the line of the
- * abort word, padded to 16 KiB, then uint64_t pointer_slot[EAR_MAX_BLOCKS][EAR_MAX_RANKS]
- * (16 KiB): the data region starts 16 KiB-aligned. */
+ * abort word, padded to 16 KiB, then the 16-byte pointer_slot[EAR_MAX_BLOCKS][EAR_MAX_RANKS]
+ * (32 KiB): the data region starts 16 KiB-aligned. */
 #define EAR_SLOT_BYTES ((uint64_t)EAR_MAX_BLOCKS * EAR_MAX_RANKS * 8u)
 #define EAR_ABORT_OFFSET EAR_SLOT_BYTES
 #define EAR_POINTER_SLOTS_OFFSET (2u * EAR_SLOT_BYTES)
-#define EAR_SIGNAL_BYTES (3u * EAR_SLOT_BYTES)
+#define EAR_SIGNAL_BYTES (4u * EAR_SLOT_BYTES)
 /* Local state block (layout private to kernels/common.cuh: EAR_MAX_BLOCKS copies of the
  * call counters, 32 bytes each). */
 #define EAR_STATE_BYTES (EAR_MAX_BLOCKS * 32u)

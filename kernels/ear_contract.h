@@ -8,7 +8,7 @@
 
 #include <stdint.h>
 
-// Names the kernels' cross-rank protocol and the exchange record's layout ("EAR7" read as
+// Names the kernels' cross-rank protocol and the exchange record's layout ("EAR8" read as
 // big-endian bytes): the one id of the contract (there is no other version number). Ranks
 // running builds with different ids never form a group: each rejects the other's records, so
 // all fall back to NCCL together instead of waiting on each other in kernels whose protocols
@@ -19,14 +19,25 @@
 // between flag barriers (twoshot_wide.cu), and a 32 KiB signal region (the data region
 // 16 KiB-aligned again). "EAR7": a 48 KiB signal region whose third part holds the pointer
 // slots through which the 4+ rank two-shot tells its peers where to read its input
-// (`EAR_CALL_INPUT_SHARED`).
-#define EAR_PROTOCOL_ID 1161908791
+// (`EAR_CALL_INPUT_SHARED`). "EAR8": a 64 KiB signal region whose pointer slots are 16-byte
+// {flag value, pointer} entries written and read as one atomic (no fence in place), the 4+
+// rank one-shot reading inputs in place too, with an end barrier, and the exchange only on
+// calls that say so (`EAR_CALL_POINTERS`).
+#define EAR_PROTOCOL_ID 1161908792
 
 // `EarAllReduceParams::flags`: peers may read this rank's input in place for this call (the
 // group lives in one process and the input is memory every rank's device reaches). The 4+
-// rank two-shot then skips the copy into its workspace; other kernels ignore the flag. Each
-// rank sets it for itself: a peer learns it in-kernel, per call (twoshot_wide.cu).
+// rank one-shot and two-shot then skip the copy into their workspace (the one-shot not when
+// its output is its input); other kernels ignore the flag. Each rank sets it for itself: a
+// peer learns it in-kernel, per call (`kernels/sync.cuh`, `cta_barrier_sharing`). Read only
+// together with [`EAR_CALL_POINTERS`].
 #define EAR_CALL_INPUT_SHARED 1
+
+// `EarAllReduceParams::flags`: the ranks of this call tell each other where to read their
+// inputs (4+ rank one-shot and two-shot, sm_90 or newer). Set on EVERY rank of a call or on
+// none (the host sets it for groups that live in one process, on devices that all have the
+// 16-byte atomics): a rank that exchanges waits for pointers its peers never write.
+#define EAR_CALL_POINTERS 2
 
 // Fault codes: what a kernel writes into its fault word (`EarAllReduceParams::fault`, as
 // `generation << 8 | code`) and what a group's abort word holds (0: the group is live).

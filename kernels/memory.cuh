@@ -48,6 +48,10 @@ __device__ __forceinline__ void st_release_sys(uint64_t* p, uint64_t v) {
   asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 
+__device__ __forceinline__ void st_relaxed_sys(uint64_t* p, uint64_t v) {
+  asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
 __device__ __forceinline__ uint64_t ld_relaxed_sys(const uint64_t* p) {
   uint64_t v;
   asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
@@ -58,6 +62,39 @@ __device__ __forceinline__ uint64_t ld_acquire_sys(const uint64_t* p) {
   asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
   return v;
 }
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// 16-byte atomics (sm_90+): a value and a pointer published and read as one
+// (cta_barrier_sharing, sync.cuh).
+__device__ __forceinline__ void exch_b128_relaxed_sys(uint64_t* p, uint64_t lo, uint64_t hi) {
+  asm volatile(
+      "{ .reg .b128 d, b; mov.b128 b, {%1, %2}; atom.relaxed.sys.global.exch.b128 d, [%0], b; }" ::"l"(p), "l"(lo),
+      "l"(hi)
+      : "memory");
+}
+__device__ __forceinline__ void exch_b128_release_sys(uint64_t* p, uint64_t lo, uint64_t hi) {
+  asm volatile(
+      "{ .reg .b128 d, b; mov.b128 b, {%1, %2}; atom.release.sys.global.exch.b128 d, [%0], b; }" ::"l"(p), "l"(lo),
+      "l"(hi)
+      : "memory");
+}
+template <bool Acquire>
+__device__ __forceinline__ void read_b128_sys(const uint64_t* p, uint64_t& lo, uint64_t& hi) {
+  // A compare-and-swap of {0, 0} with {0, 0}: changes nothing, returns the 16 bytes atomically.
+  if (Acquire)
+    asm volatile(
+        "{ .reg .b128 d, c; mov.b128 c, {%2, %2}; atom.acquire.sys.global.cas.b128 d, [%3], c, c; mov.b128 {%0, %1}, d; }"
+        : "=l"(lo), "=l"(hi)
+        : "l"(uint64_t{0}), "l"(p)
+        : "memory");
+  else
+    asm volatile(
+        "{ .reg .b128 d, c; mov.b128 c, {%2, %2}; atom.relaxed.sys.global.cas.b128 d, [%3], c, c; mov.b128 {%0, %1}, d; }"
+        : "=l"(lo), "=l"(hi)
+        : "l"(uint64_t{0}), "l"(p)
+        : "memory");
+}
+#endif
 
 __device__ __forceinline__ uint64_t ld_volatile_u64(const uint64_t* p) {
   return *reinterpret_cast<const volatile uint64_t*>(p);

@@ -79,27 +79,94 @@ __device__ __forceinline__ void cta_barrier(const EarAllReduceParams& p, uint64_
   __syncthreads();
 }
 
-// cta_barrier that also tells each peer where to read our input this call and learns where to
-// read theirs (the 4+ rank two-shot, twoshot_wide.cu). `ours`: our input when peers may read
-// it in place (EAR_CALL_INPUT_SHARED), else NULL (read our workspace's copy). Lane q writes it
-// into peer q's pointer_slot[blockIdx.x][rank] before its flag's release, and after the
-// acquire reads peer q's from our own pointer_slot[blockIdx.x][q] into theirs[q] (shared
-// memory; NULL for ourselves, and for a peer whose flag never came: a wait that gave up reads
-// the copy, never a stale pointer). Peer q rewrites that slot only at this barrier of its
-// next call, which it reaches only after our next barrier of this one.
+// Whether this call's ranks tell each other where to read their inputs (a 4+ rank one-shot or
+// two-shot of a group living in one process, on sm_90 or newer: EAR_CALL_POINTERS, set by the
+// host on every rank of the call or on none). Other calls use cta_barrier and the copies.
+template <int N>
+__device__ __forceinline__ bool exchanges_pointers(const EarAllReduceParams& p) {
+#if __CUDA_ARCH__ >= 900
+  return N >= 4 && (p.flags & EAR_CALL_POINTERS) != 0u;
+#else
+  return false;  // the exchange needs 16-byte atomics
+#endif
+}
+
+// Whether peers read our input in place this call: the host lets them (EAR_CALL_INPUT_SHARED)
+// and the call exchanges pointers. `in_place_ok`: the kernel's own condition (the one-shot
+// writes its output while peers still read, so not when output == input).
+template <int N>
+__device__ __forceinline__ bool shares_input(const EarAllReduceParams& p, bool in_place_ok) {
+  return exchanges_pointers<N>(p) && (p.flags & EAR_CALL_INPUT_SHARED) != 0u && in_place_ok;
+}
+
+// cta_barrier of a call that exchanges pointers (exchanges_pointers): it also tells each peer
+// where to read our input this call, `ours` (our input when peers read it in place, else NULL:
+// our workspace's copy), and learns where to read theirs, theirs[q] (shared memory; NULL: the
+// copy, and always for ourselves). Lane q writes {value, ours} into peer q's
+// pointer_slot[blockIdx.x][rank] as ONE 16-byte atomic, so a peer never sees a value with
+// another call's pointer, and spins on our pointer_slot[blockIdx.x][q] until its value is >=
+// `value`. In place nothing else is published (the input was written before the call began,
+// by kernels that completed), so the exchange is relaxed: no fence (1.5 us at 4 ranks and 1
+// MiB, docs/PERFORMANCE.md), and read without an acquire. A copy publishes the copy,
+// released, and is read with one acquire. Reading: value == `value`:
+// the peer's pointer for this call. value > `value`: the peer has already moved on to its next
+// call, which a peer that shares its input cannot do before we are done with it (the one-shot's
+// cta_inputs_done, the two-shot's second barrier), so it did not share: its copy, which it has
+// not overwritten (bank seq % 2, its next call writes the other). A wait that gave up: the
+// copy, never a stale pointer.
 template <int N>
 __device__ __forceinline__ void cta_barrier_sharing(const EarAllReduceParams& p, uint64_t value, const void* ours,
                                                     const void** theirs) {
   __syncthreads();
   const int q = static_cast<int>(threadIdx.x);
-  if (q < N && q != p.rank)
-    *pointer_slot(peer_base<N>(p, q), blockIdx.x, p.rank) = reinterpret_cast<uint64_t>(ours);
-  const bool arrived = flag_exchange<N>(p, value, q);
-  if (q < N)
-    theirs[q] = q == p.rank || !arrived ? nullptr
-                                        : reinterpret_cast<const void*>(
-                                              ld_volatile_u64(pointer_slot(peer_base<N>(p, p.rank), blockIdx.x, q)));
+  if (q < N) theirs[q] = nullptr;
+#if __CUDA_ARCH__ >= 900
+  if (q < N && q != p.rank) {
+    uint64_t* const slot = pointer_slot(peer_base<N>(p, q), blockIdx.x, p.rank);
+    if (ours != nullptr) exch_b128_relaxed_sys(slot, value, reinterpret_cast<uint64_t>(ours));
+    else exch_b128_release_sys(slot, value, 0u);
+    const uint64_t* const mine = pointer_slot(peer_base<N>(p, p.rank), blockIdx.x, q);
+    uint64_t seen = 0, where = 0;
+    read_b128_sys<false>(mine, seen, where);
+    Waiting wait;
+    while (seen < value && wait.keep_on()) read_b128_sys<false>(mine, seen, where);
+    // Spun relaxed (see flag_exchange). An input in place was published relaxed: nothing to
+    // acquire. A copy (or a peer that moved on: its exchanges are read-modify-writes, so a
+    // later one still carries the copy's release) takes one acquire read.
+    if (seen == value && where != 0) {
+      theirs[q] = reinterpret_cast<const void*>(where);
+    } else if (seen >= value) {
+      read_b128_sys<true>(mine, seen, where);
+      if (seen == value) theirs[q] = reinterpret_cast<const void*>(where);
+    }
+  }
+#endif
   __syncthreads();
+}
+
+// End of a one-shot call that read peers' inputs in place, or let peers read ours
+// (oneshot.cu): a call must not complete before every peer is done with its input, as the
+// engine may overwrite it as soon as it does. Lane q tells peer q that this CTA is done with
+// q's input when theirs[q] says it read it in place (`value` into q's
+// slot[blockIdx.x][rank]), and, when peers read ours (`ours_read`), waits until peer q's
+// same-index CTA has told us so. Relaxed, no fence: what it orders are our loads of q's input,
+// and each of them returned before the __syncthreads (the CTA stored what they loaded before
+// it), so none can be answered by a write q makes after seeing the flag. A release would
+// also wait for our output's stores, which nobody needs (1.5 us at 4 ranks and 1 MiB).
+template <int N>
+__device__ __forceinline__ void cta_inputs_done(const EarAllReduceParams& p, uint64_t value, bool ours_read,
+                                                const void* const* theirs) {
+  __syncthreads();
+  const int q = static_cast<int>(threadIdx.x);
+  if (q < N && q != p.rank) {
+    if (theirs[q] != nullptr) st_relaxed_sys(signal_slot(peer_base<N>(p, q), blockIdx.x, p.rank), value);
+    if (ours_read) {
+      const uint64_t* mine = signal_slot(peer_base<N>(p, p.rank), blockIdx.x, q);
+      Waiting wait;
+      while (ld_relaxed_sys(mine) < value && wait.keep_on()) {
+      }
+    }
+  }
 }
 
 // The counters of a call, and what the call leaves for the next one.

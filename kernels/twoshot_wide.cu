@@ -13,15 +13,17 @@
 //   Thread t of CTA b handles offsets j = b*512 + t (grid-stride) inside EVERY segment, in
 //   all phases, so it only ever reads what the same-index CTA of each rank wrote:
 //   1. copy     for every s != rank, input vector s*seg+j into our bank (local writes);
-//               skipped when peers read our input in place (EAR_CALL_INPUT_SHARED: the
-//               group lives in one process and the host found our input reachable);
-//   2. barrier  cta_barrier_sharing(flag_value(seq, 0)): with the flags, each rank tells its
-//               peers where its vectors are this call: its input (in place) or its bank;
+//               skipped when peers read our input in place (EAR_CALL_POINTERS and
+//               EAR_CALL_INPUT_SHARED: the group lives in one process and the host found our
+//               input reachable);
+//   2. barrier  cta_barrier(flag_value(seq, 0)); with EAR_CALL_POINTERS cta_barrier_sharing:
+//               each rank also tells its peers where its vectors are this call: its input
+//               (in place) or its bank (sync.cuh);
 //   3. reduce   our input vector rank*seg+j and vector rank*seg+j of every peer, from where
 //               it said (N-1 remote reads), summed in rank order 0..N-1; the sum goes to our
-//               output and into our bank at rank*seg+j. Last-copied first: its reads then
-//               hit the L2 lines step 1 wrote last (simulation, 4 / 8 ranks, 16 MiB: 87.9 /
-//               147.5 us against 90.9 / 151.0 in copy order);
+//               output and into our bank at rank*seg+j. Last-copied first when it reads some
+//               peer's copy: its reads then hit the L2 lines step 1 wrote last (simulation, 4
+//               / 8 ranks, 16 MiB: 87.9 / 147.5 us against 90.9 / 151.0 in copy order);
 //   4. barrier  cta_barrier(flag_value(seq, 1));
 //   5. gather   for every s != rank, bank vector s*seg+j of rank s (its sum) into our output,
 //               in copy order (first the sums step 3 wrote last).
@@ -80,22 +82,12 @@ __device__ __forceinline__ void twoshot_wide_body(const EarAllReduceParams& p) {
     for (int s = 0; s < N; ++s)
       if (s != rank && s * seg + j < vecs) st_vec(own_bank + (s * seg + j) * 16, v.v[s]);
   };
-  // Where each peer's vectors are this call (step 2): its input, or NULL for its bank.
+  // Where each peer's vectors are this call (step 2): its input, or NULL for its bank; then
+  // from[r], where step 3 reads rank r: our input, a peer's input in place, or a peer's bank
+  // (indexed alike; a bank's last vector is zero-padded as load_input pads it).
   __shared__ const void* theirs[N];
-  const auto reduce_load = [&](uint64_t j) {
-    Ranks<N> v;
-#pragma unroll
-    for (int r = 0; r < N; ++r) {
-      if (r == rank) {
-        v.v[r] = load_input<T>(p.input, own_first + j, p.count);
-      } else {
-        const void* const in_place = theirs[r];
-        v.v[r] = in_place != nullptr ? load_input_cg<T>(in_place, own_first + j, p.count)
-                                     : ld_cg(bank(r) + (own_first + j) * 16);
-      }
-    }
-    return v;
-  };
+  const void* from[N];
+  const auto reduce_load = [&](uint64_t j) { return load_ranks_cg<T, N>(from, own_first + j, p.count); };
   const auto reduce_use = [&](uint64_t j, const Ranks<N>& v) {
     const uint4 sum = reduce_in_rank_order<T, N>(v.v);
     store_output<T>(p.output, own_first + j, p.count, sum);
@@ -116,20 +108,29 @@ __device__ __forceinline__ void twoshot_wide_body(const EarAllReduceParams& p) {
 
   constexpr int U = kReduceBatch<N>;
   const uint64_t step = U * stride;  // one batch of every thread
-  const bool shared_input = (p.flags & EAR_CALL_INPUT_SHARED) != 0u;
+  const bool pointers = exchanges_pointers<N>(p);
+  const bool shared_input = shares_input<N>(p, true);
   if ((Opts & kWideCopy) && !shared_input)
     for (uint64_t i0 = first; i0 < seg; i0 += step) batch_step<U>(i0, stride, seg, copy_load, Arrived{}, copy_use);
-  if (Opts & kWideBarrier1) {
+  if ((Opts & kWideBarrier1) && pointers) {
     cta_barrier_sharing<N>(p, flag_value(c.seq, 0), shared_input ? p.input : nullptr, theirs);
   } else {
     if (threadIdx.x < N) theirs[threadIdx.x] = nullptr;
-    __syncthreads();
+    if (Opts & kWideBarrier1) cta_barrier<N>(p, flag_value(c.seq, 0));
+    else __syncthreads();
   }
+#pragma unroll
+  for (int r = 0; r < N; ++r) from[r] = r == rank ? p.input : theirs[r] != nullptr ? theirs[r] : bank(r);
+  // Last-copied first only when some peer's copy is read: inputs read in place were not
+  // touched by this call (4 / 8 ranks, 1 MiB, all in place: 0.2 us faster in copy order).
+  bool reads_copies = false;
+#pragma unroll
+  for (int r = 0; r < N; ++r) reads_copies |= r != rank && theirs[r] == nullptr;
+  const bool lifo = (Opts & kWideLifo) && reads_copies;
   if ((Opts & kWideReduce) && first < own_len) {
     const uint64_t batches = (own_len - first + step - 1) / step;
     for (uint64_t b = 0; b < batches; ++b)
-      batch_step<U>(first + ((Opts & kWideLifo) ? batches - 1 - b : b) * step, stride, own_len, reduce_load, Arrived{},
-                    reduce_use);
+      batch_step<U>(first + (lifo ? batches - 1 - b : b) * step, stride, own_len, reduce_load, Arrived{}, reduce_use);
   }
   if (Opts & kWideBarrier2) cta_barrier<N>(p, flag_value(c.seq, 1));
   if (Opts & kWideGather)

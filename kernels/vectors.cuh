@@ -150,15 +150,6 @@ __device__ __forceinline__ uint4 load_input(const void* in, uint64_t vi, uint64_
   return load_elems<T>(static_cast<const B*>(in) + first, first < count ? count - first : 0);
 }
 
-// load_input for a peer's input read in place (twoshot_wide.cu): its whole vectors through L2
-// (ld.cg, as every read of a peer's memory), the last partial one element by element.
-template <typename T>
-__device__ __forceinline__ uint4 load_input_cg(const void* in, uint64_t vi, uint64_t count) {
-  constexpr int E = Elem<T>::E;
-  if (vi * E + E <= count) return ld_cg(static_cast<const char*>(in) + vi * 16);
-  return load_input<T>(in, vi, count);
-}
-
 template <typename T>
 __device__ __forceinline__ void store_output(void* out, uint64_t vi, uint64_t count, uint4 v) {
   constexpr int E = Elem<T>::E;
@@ -191,8 +182,10 @@ __device__ __forceinline__ uint64_t* signal_slot(void* ws, int block, int src_ra
   return static_cast<uint64_t*>(ws) + static_cast<uint64_t>(block) * EAR_MAX_RANKS + src_rank;
 }
 
+// The 16-byte {value, pointer} entry [block][src_rank] of the pointer slots.
 __device__ __forceinline__ uint64_t* pointer_slot(void* ws, int block, int src_rank) {
-  return signal_slot(static_cast<char*>(ws) + EAR_POINTER_SLOTS_OFFSET, block, src_rank);
+  return reinterpret_cast<uint64_t*>(static_cast<char*>(ws) + EAR_POINTER_SLOTS_OFFSET) +
+         2u * (static_cast<uint64_t>(block) * EAR_MAX_RANKS + src_rank);
 }
 
 // Traps on a broken launch contract instead of corrupting memory or hanging peers.
@@ -212,6 +205,24 @@ template <int N>
 struct Ranks {
   uint4 v[N];
 };
+
+// Vector i of every rank r from from[r] (a rank's input read in place, or its workspace copy:
+// indexed alike, the copy's last vector zero-padded as load_input pads it), through L2. Whether
+// vector i is whole is asked once, not per rank: a branch per load keeps the N loads from
+// being issued together.
+template <typename T, int N>
+__device__ __forceinline__ Ranks<N> load_ranks_cg(const void* const* from, uint64_t i, uint64_t count) {
+  constexpr int E = Elem<T>::E;
+  Ranks<N> v;
+  if (i * E + E <= count) {
+#pragma unroll
+    for (int r = 0; r < N; ++r) v.v[r] = ld_cg(static_cast<const char*>(from[r]) + i * 16);
+  } else {
+#pragma unroll
+    for (int r = 0; r < N; ++r) v.v[r] = load_input<T>(from[r], i, count);
+  }
+  return v;
+}
 
 // Iterations per batch: pure copies keep 4 vectors in flight per thread; reductions keep
 // N per iteration, so fewer iterations as N grows (registers: 4 * N * batch).

@@ -21,6 +21,9 @@ pub struct DeviceKernels {
     /// JIT-compiled for an sm_90 has none, and launched early it would read its inputs before
     /// they are written).
     pub pdl: bool,
+    /// Every kernel's code is from compute_90 or newer: it has the 16-byte atomics through which
+    /// a group of one process tells its ranks where their inputs are (`EAR_CALL_POINTERS`).
+    pub sm90_code: bool,
     pub sm_count: i32,
     /// Why some kernel modules did not load (no image for this GPU, ...): then no group forms on
     /// this device (NCCL only), and the fused op runs only if the norm kernel loaded.
@@ -72,7 +75,7 @@ impl DeviceKernels {
         let mut ptx_versions = functions.values().chain(norms.values()).map(|f| f.ptx_version());
         let sm90_code = ptx_versions.try_fold(true, |all, v| v.map(|v| all && v >= 90))?;
         let pdl = major >= 9 && sm90_code && crate::config().pdl;
-        Ok(DeviceKernels { functions, norms, pdl, sm_count, unavailable })
+        Ok(DeviceKernels { functions, norms, pdl, sm90_code, sm_count, unavailable })
     }
 
     /// Err unless every custom kernel module loaded (a group needs them on every rank).

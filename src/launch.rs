@@ -3,7 +3,7 @@
 //! ([`crate::contract`]), and `cuLaunchKernelEx` on TensorRT's stream ([`crate::cuda::launch`]).
 //! The grid and block depend only on the call, so every rank launches the same grid.
 
-use crate::contract::{EarAllReduceParams, EarFusedParams, EAR_CALL_INPUT_SHARED};
+use crate::contract::{EarAllReduceParams, EarFusedParams, EAR_CALL_INPUT_SHARED, EAR_CALL_POINTERS};
 use crate::cuda::{self, DevicePtr, Stream};
 use crate::error::{Error, Result};
 use crate::family::{self, Family, Op};
@@ -141,16 +141,24 @@ impl Group {
         Ok((&member.kernels, params))
     }
 
-    /// Whether every rank may read `input` (on `device`) in place: the group lives in this
-    /// process (one address space) and `input` is device memory every rank's device reaches:
-    /// any of that device's memory when all ranks share it (simulated ranks), else a plain
-    /// cuMemAlloc allocation of the device's primary context, which the peer access of
-    /// [`Group::in_process`] reaches as it reaches the workspaces (pool and VMM allocations need
-    /// grants of their own: those are copied). Only the 4+ rank two-shot reads the answer, so
-    /// only its launches ask the driver.
+    /// Whether the ranks of a 4+ rank one-shot or two-shot tell each other where their inputs
+    /// are (`EAR_CALL_POINTERS`): the group lives in this process (one address space, so a
+    /// peer can read a rank's input where it lies) and every rank's kernels have the 16-byte
+    /// atomics of the exchange (code from compute_90 or newer). It depends on the group only,
+    /// so every rank of a call gives the same answer, as the flag requires.
+    fn exchanges_pointers(&self) -> bool {
+        self.nranks >= 4 && self.members.iter().all(|m| m.as_ref().is_some_and(|m| m.kernels.sm90_code))
+    }
+
+    /// Whether every rank may read `input` (on `device`) in place, in a group that exchanges
+    /// pointers: `input` is device memory every rank's device reaches: any of that device's
+    /// memory when all ranks share it (simulated ranks), else a plain cuMemAlloc allocation of
+    /// the device's primary context, which the peer access of [`Group::in_process`] reaches as
+    /// it reaches the workspaces (pool and VMM allocations need grants of their own: those are
+    /// copied). Asked of the driver per call (`cuPointerGetAttributes`), only where the answer
+    /// is read.
     fn input_shared(&self, device: i32, input: DevicePtr) -> bool {
-        let in_process = self.members.iter().all(Option::is_some);
-        self.nranks >= 4 && in_process && peers_reach(device, self.one_device(), cuda::device_memory(input))
+        peers_reach(device, self.one_device(), cuda::device_memory(input))
     }
 
     /// Enqueues rank `rank`'s part of one all-reduce on `stream` (a stream of that rank's device).
@@ -162,9 +170,8 @@ impl Group {
     #[allow(clippy::too_many_arguments)] // one call's operands, as enqueue receives them
     pub unsafe fn launch(&self, rank: i32, family: Family, dtype: DataType, input: DevicePtr, output: DevicePtr, count: usize, stream: Stream) -> Result<()> {
         let (kernels, mut params) = self.rank_params(rank, input, output, count as u64)?;
-        if family == Family::TwoShot && self.input_shared(self.member(rank)?.device, input) {
-            params.flags = EAR_CALL_INPUT_SHARED;
-        }
+        let device = self.member(rank)?.device;
+        params.flags = call_flags(family, self.exchanges_pointers(), input == output, || self.input_shared(device, input));
         let op = Op::AllReduce;
         let f = kernels.function(family, op, dtype, self.nranks).ok_or_else(|| Error::NoKernel(family::kernel_name(family, op, dtype, self.nranks)))?;
         let vecs = (params.count * dtype.size() as u64).div_ceil(16);
@@ -188,6 +195,20 @@ impl Group {
     }
 }
 
+/// `EarAllReduceParams::flags` of one rank's call of `family`: the 4+ rank one-shot and two-shot
+/// of a group that exchanges pointers ([`Group::exchanges_pointers`]) say so on every rank, and
+/// let peers read their input in place where `reachable` ([`Group::input_shared`], asked only
+/// then) says they can: the two-shot even in place (`output == input`: peers read our input
+/// only before we write outside our own segment), the one-shot only out of place (it writes
+/// its output while peers still read). Other families read no flag.
+fn call_flags(family: Family, exchanges: bool, in_place: bool, reachable: impl FnOnce() -> bool) -> u32 {
+    if !exchanges || !matches!(family, Family::OneShot | Family::TwoShot) {
+        return 0;
+    }
+    let may_share = family == Family::TwoShot || !in_place;
+    EAR_CALL_POINTERS | if may_share && reachable() { EAR_CALL_INPUT_SHARED } else { 0 }
+}
+
 /// The rule of [`Group::input_shared`] for a group of one process, given where the input lies
 /// ([`cuda::device_memory`]: its device, and whether the peer access between primary contexts
 /// reaches it): on the rank's own device, and reachable, or every rank on that device.
@@ -197,7 +218,20 @@ fn peers_reach(device: i32, one_device: bool, memory: Option<(i32, bool)>) -> bo
 
 #[cfg(test)]
 mod tests {
-    use super::peers_reach;
+    use super::{call_flags, peers_reach};
+    use crate::contract::{EAR_CALL_INPUT_SHARED, EAR_CALL_POINTERS};
+    use crate::family::Family;
+
+    #[test]
+    fn only_groups_that_exchange_pointers_read_inputs_in_place() {
+        let both = EAR_CALL_POINTERS | EAR_CALL_INPUT_SHARED;
+        assert_eq!(call_flags(Family::OneShot, true, false, || true), both);
+        assert_eq!(call_flags(Family::OneShot, true, true, || panic!("not asked in place")), EAR_CALL_POINTERS, "the one-shot in place copies");
+        assert_eq!(call_flags(Family::TwoShot, true, true, || true), both, "the two-shot may share in place");
+        assert_eq!(call_flags(Family::TwoShot, true, false, || false), EAR_CALL_POINTERS, "unreachable memory: copied, pointers still exchanged");
+        assert_eq!(call_flags(Family::OneShot, false, false, || panic!("no exchange, no question")), 0);
+        assert_eq!(call_flags(Family::Lamport, true, false, || panic!("Lamport reads no flag")), 0);
+    }
 
     #[test]
     fn peers_read_an_input_in_place_only_where_they_reach_it() {

@@ -62,18 +62,17 @@ pub const AUTO_TABLE: RankTable<Option<Family>> = &[
 
 /// AUTO's table when every rank is on one device ([`Fits::one_device`]: simulated ranks). There
 /// one GPU's memory carries every byte of every rank, the local copy into the workspace
-/// included, and a one-shot's N reads of each bank line are mostly one (the ranks read it from
-/// L2 together), so the one-shot moves about 4*S per rank (the 4+ rank two-shot as much when it
-/// copies its input, less when its peers read it in place), where the links see (N-1)*S and
-/// 2(N-1)/N*S. Measured on one H200, bf16, 20 ops per
-/// graph (docs/runs/2026-12-01-h200-perf48-c2.txt): 2 ranks Lamport to 1 MiB, one-shot above
-/// (6.9 against Lamport's 7.1 us at 2 MiB, 140 against the two-shot's 204 at 64 MiB); 4 ranks
-/// Lamport to 256 KiB, one-shot to 8 MiB, two-shot above, which reads its peers' inputs in
-/// place there (docs/runs/2026-12-01-h200-inplace.txt: 45.5 both at 8 MiB, 78.6 against 82.5
-/// at 16 MiB, 273 against 306 at 64 MiB); 8 ranks Lamport to 64 KiB, one-shot to 512 KiB,
-/// two-shot above (16.9 against 18.2 us at 1 MiB, 566 against 743 at 64 MiB; in place 15.9
-/// against 18.6 and 336 against 759). AUTO there is within 1.3% of the best family at every
-/// size of those runs.
+/// included, and a one-shot's N reads of each line are mostly one (the ranks read it from L2
+/// together), so the one-shot moves about 4*S per rank when it copies its input and about 2*S
+/// when its peers read it in place (a group of one process, sm_90: `EAR_CALL_POINTERS`), where
+/// the links see (N-1)*S and 2(N-1)/N*S. Measured on one H200, bf16, 20 ops per graph: 2 ranks
+/// (docs/runs/2026-12-01-h200-perf48-c2.txt) Lamport to 1 MiB, one-shot above (6.9 against
+/// Lamport's 7.1 us at 2 MiB, 140 against the two-shot's 204 at 64 MiB); 4 and 8 ranks with
+/// the inputs read in place (docs/runs/2026-12-01-h200-inplace-oneshot.txt): 4 ranks Lamport to
+/// 128 KiB (5.95 against the one-shot's 6.21 us), the one-shot above (6.38 against 6.85 at 256
+/// KiB, 177 against the two-shot's 198 at 64 MiB); 8 ranks Lamport to 64 KiB (level there: 9.0
+/// both), the one-shot to 512 KiB (12.1 against 12.9), the two-shot above (14.2 against 15.7
+/// at 1 MiB, 331 against 507 at 64 MiB).
 pub const ONE_DEVICE_AUTO_TABLE: RankTable<Option<Family>> = &[
     (
         2,
@@ -81,7 +80,7 @@ pub const ONE_DEVICE_AUTO_TABLE: RankTable<Option<Family>> = &[
     ),
     (
         4,
-        &[(256 << 10, Some(Family::Lamport)), (8 << 20, Some(Family::OneShot)), (64 << 20, Some(Family::TwoShot)), (u64::MAX, None)],
+        &[(128 << 10, Some(Family::Lamport)), (64 << 20, Some(Family::OneShot)), (u64::MAX, None)],
     ),
     (
         16,
@@ -358,10 +357,10 @@ mod tests {
         assert_eq!(at(2, 1 << 20, true), custom(Family::Lamport));
         assert_eq!(at(2, 4 << 20, true), custom(Family::OneShot));
         assert_eq!(at(2, 4 << 20, false), custom(Family::TwoShot), "separate GPUs: the links favour the two-shot");
-        assert_eq!(at(4, 256 << 10, true), custom(Family::Lamport));
+        assert_eq!(at(4, 128 << 10, true), custom(Family::Lamport));
+        assert_eq!(at(4, 256 << 10, true), custom(Family::OneShot), "in place, the one-shot from 256 KiB");
         assert_eq!(at(4, 8 << 20, true), custom(Family::OneShot));
-        assert_eq!(at(4, 16 << 20, true), custom(Family::TwoShot), "in place, the two-shot copies nothing");
-        assert_eq!(at(4, 64 << 20, true), custom(Family::TwoShot));
+        assert_eq!(at(4, 64 << 20, true), custom(Family::OneShot), "in place, the one-shot copies nothing");
         assert_eq!(at(4, 1 << 20, false), custom(Family::TwoShot));
         assert_eq!(at(4, 512 << 10, false), custom(Family::OneShot));
         assert_eq!(at(8, 64 << 10, true), custom(Family::Lamport));

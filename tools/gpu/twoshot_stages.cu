@@ -7,10 +7,14 @@
 // Rows per (N, size): the floor (an empty kernel per rank), the one-shot and the 2-rank
 // two-shot (twoshot.cu) as the library runs them, the 4+ rank two-shot (twoshot_wide.cu) as
 // the library runs it ("wide"), its stages cumulatively (copy; + barrier; + reduce; +
-// barrier; + gather = wide), and its reduce in copy order instead of reverse ("w:fifo").
+// barrier; + gather = wide), and its reduce in copy order instead of reverse ("w:fifo"). Then
+// the same kernels as a group of one process runs them: exchanging pointers with every input
+// copied ("1s:pointers", "w:pointers": what a rank whose output is its input costs its group)
+// and with every input read in place ("1s:in-place", "wide in-place", its stages "wi:").
+// EAR_CALL_POINTERS is read by 4+ rank kernels only: at N = 2 those rows are the copying ones.
 //
 // Built by tools/gpu/stage.sh (or: nvcc -O3 -std=c++17 -arch=sm_90 tools/gpu/twoshot_stages.cu);
-// usage: twoshot_stages [--ranks 4,8] [--sizes 256K,1M,4M,16M,64M] [--replays 5] [--batches 10]
+// usage: twoshot_stages [--ranks 4,8,2] [--sizes 256K,1M,4M,16M,64M] [--replays 5] [--batches 10]
 //                       [--timeout SECONDS]
 #include "../../tests/gpu/kernels/sim_common.cuh"
 
@@ -22,7 +26,7 @@ constexpr uint32_t kCopyB1R = kCopyB1 | ear::kWideReduce;
 constexpr uint32_t kCopyB1RB2 = kCopyB1R | ear::kWideBarrier2;
 
 template <int N, uint32_t Opts>
-__global__ void __launch_bounds__(EAR_BLOCK_THREADS, 1) wide_variant(const EarAllReduceParams p) {
+__global__ void __launch_bounds__(EAR_BLOCK_THREADS, 1) wide_variant(const __grid_constant__ EarAllReduceParams p) {
   ear::twoshot_wide_body<__nv_bfloat16, N, Opts>(p);
 }
 __global__ void empty_rank(const EarAllReduceParams) {}
@@ -35,24 +39,35 @@ __global__ void count_mismatch(const uint16_t* a, const uint16_t* b, uint64_t n,
 }
 
 enum Grid { G_NONE, G_ONESHOT, G_TWOSHOT };
+constexpr uint32_t kPointers = EAR_CALL_POINTERS;
+constexpr uint32_t kShared = EAR_CALL_POINTERS | EAR_CALL_INPUT_SHARED;
 struct Row {
   const char* name;
-  const void* k4;
-  const void* k8;
+  const void* k[3];  // N = 2, 4, 8
   Grid grid;
-  bool full;  // every stage: compared with the one-shot's output
+  bool full;       // every stage: compared with the one-shot's output
+  uint32_t flags;  // EarAllReduceParams.flags of every rank (kShared: inputs read in place)
 };
-#define WV(O) (const void*)wide_variant<4, O>, (const void*)wide_variant<8, O>
+#define LIB(F) {(const void*)F##_n2, (const void*)F##_n4, (const void*)F##_n8}
+#define WV(O) {(const void*)wide_variant<2, O>, (const void*)wide_variant<4, O>, (const void*)wide_variant<8, O>}
 static const Row kRows[] = {
-    {"floor", (const void*)empty_rank, (const void*)empty_rank, G_NONE, false},
-    {"oneshot", (const void*)ear_oneshot_barrier_bf16_n4, (const void*)ear_oneshot_barrier_bf16_n8, G_ONESHOT, true},
-    {"twoshot_polled", (const void*)ear_twoshot_polled_bf16_n4, (const void*)ear_twoshot_polled_bf16_n8, G_TWOSHOT, true},
-    {"wide", (const void*)ear_twoshot_barrier_bf16_n4, (const void*)ear_twoshot_barrier_bf16_n8, G_TWOSHOT, true},
-    {"w:copy", WV(kCopy), G_TWOSHOT, false},
-    {"w:copy+b1", WV(kCopyB1), G_TWOSHOT, false},
-    {"w:copy+b1+reduce", WV(kCopyB1R), G_TWOSHOT, false},
-    {"w:..+b2", WV(kCopyB1RB2), G_TWOSHOT, false},
-    {"w:fifo", WV(kNoLifo), G_TWOSHOT, true},
+    {"floor", {(const void*)empty_rank, (const void*)empty_rank, (const void*)empty_rank}, G_NONE, false, 0},
+    {"oneshot", LIB(ear_oneshot_barrier_bf16), G_ONESHOT, true, 0},
+    {"1s:pointers", LIB(ear_oneshot_barrier_bf16), G_ONESHOT, true, kPointers},
+    {"1s:in-place", LIB(ear_oneshot_barrier_bf16), G_ONESHOT, true, kShared},
+    {"twoshot_polled", LIB(ear_twoshot_polled_bf16), G_TWOSHOT, true, 0},
+    {"wide", LIB(ear_twoshot_barrier_bf16), G_TWOSHOT, true, 0},
+    {"w:copy", WV(kCopy), G_TWOSHOT, false, 0},
+    {"w:copy+b1", WV(kCopyB1), G_TWOSHOT, false, 0},
+    {"w:copy+b1+reduce", WV(kCopyB1R), G_TWOSHOT, false, 0},
+    {"w:..+b2", WV(kCopyB1RB2), G_TWOSHOT, false, 0},
+    {"w:fifo", WV(kNoLifo), G_TWOSHOT, true, 0},
+    {"w:pointers", LIB(ear_twoshot_barrier_bf16), G_TWOSHOT, true, kPointers},
+    {"wide in-place", LIB(ear_twoshot_barrier_bf16), G_TWOSHOT, true, kShared},
+    {"wi:b1", WV(kCopyB1), G_TWOSHOT, false, kShared},
+    {"wi:b1+reduce", WV(kCopyB1R), G_TWOSHOT, false, kShared},
+    {"wi:..+b2", WV(kCopyB1RB2), G_TWOSHOT, false, kShared},
+    {"wi:fifo", WV(kNoLifo), G_TWOSHOT, true, kShared},
 };
 constexpr int kNumRows = sizeof(kRows) / sizeof(kRows[0]);
 
@@ -97,7 +112,8 @@ struct Stages : SimRanks {
       p.ws_max_bytes = ws_max;
       p.rank = r;
       p.nranks = n;
-      launch_kernel(n == 4 ? row.k4 : row.k8, dim3(grid), dim3(EAR_BLOCK_THREADS), st[r], true, &p);
+      p.flags = row.flags;
+      launch_kernel(row.k[n == 2 ? 0 : n == 4 ? 1 : 2], dim3(grid), dim3(EAR_BLOCK_THREADS), st[r], true, &p);
     }
     join_ranks();
   }
@@ -144,15 +160,15 @@ int main(int argc, char** argv) {
   const uint64_t max_bytes = *std::max_element(sizes.begin(), sizes.end());
   int failed = 0;
   for (uint64_t n : ranks) {
-    if (n != 4 && n != 8) {
-      std::printf("ranks 4 and 8 only\n");
+    if (n != 2 && n != 4 && n != 8) {
+      std::printf("ranks 2, 4 and 8 only\n");
       return 2;
     }
     Stages s;
     s.init(static_cast<int>(n), max_bytes);
     std::printf("\nN = %llu, grid <= %d CTAs per rank, bf16, %d ops per graph, %d replays x %d batches, median us per op\n",
                 (unsigned long long)n, s.grid_cap(), ops, replays, batches);
-    std::printf("%-18s", "row");
+    std::printf("%-20s", "row");
     for (uint64_t b : sizes) std::printf(" %9lluK", (unsigned long long)(b >> 10));
     std::printf("\n");
     std::vector<std::vector<double>> t(kNumRows, std::vector<double>(sizes.size()));
@@ -198,7 +214,7 @@ int main(int argc, char** argv) {
       }
     }
     for (int k = 0; k < kNumRows; ++k) {
-      std::printf("%-18s", kRows[k].name);
+      std::printf("%-20s", kRows[k].name);
       for (size_t si = 0; si < sizes.size(); ++si) std::printf(" %10.2f", t[k][si]);
       std::printf("\n");
     }

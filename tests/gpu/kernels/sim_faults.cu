@@ -2,7 +2,8 @@
 // ranks on ONE GPU (sim_common.cuh: N zero-filled workspaces and state blocks, a stream per
 // rank, grids capped so all ranks are co-resident), each rank with its own fault word in mapped
 // host memory. For each family (plain one-shot, two-shot polled and paced, Lamport; fused
-// one-shot, two-shot, Lamport) and N in {2, 4}, each case on a fresh group:
+// one-shot, two-shot, Lamport; the one-shot and two-shot with inputs read in place) and N in
+// {2, 4}, each case on a fresh group:
 //   skip      every rank but the last launches, with a 50 ms bound: each one ends (no hang)
 //             with a fault recorded (TIMEOUT, or ABORTED where a peer's abort came first; at
 //             least one TIMEOUT), and every workspace's abort word is set, the skipped rank's too;
@@ -30,8 +31,15 @@
 
 namespace {
 
-enum Kind { K_ONESHOT, K_TWOSHOT, K_TWOSHOT_PACED, K_LAMPORT, K_ONESHOT_NORM, K_TWOSHOT_NORM, K_LAMPORT_NORM };
-const char* kKindName[] = {"oneshot", "twoshot", "twoshot paced", "lamport", "oneshot_norm", "twoshot_norm", "lamport_norm"};
+// *_IN_PLACE: the ranks exchange pointers and read each other's inputs in place
+// (EAR_CALL_POINTERS | EAR_CALL_INPUT_SHARED: the 4+ rank one-shot's end barrier, the two-shot's
+// reads of peers' inputs; at 2 ranks the kernels copy).
+enum Kind {
+  K_ONESHOT, K_TWOSHOT, K_TWOSHOT_PACED, K_LAMPORT, K_ONESHOT_NORM, K_TWOSHOT_NORM, K_LAMPORT_NORM,
+  K_ONESHOT_IN_PLACE, K_TWOSHOT_IN_PLACE, K_LAST = K_TWOSHOT_IN_PLACE
+};
+const char* kKindName[] = {"oneshot",      "twoshot",      "twoshot paced",    "lamport",          "oneshot_norm",
+                           "twoshot_norm", "lamport_norm", "oneshot in place", "twoshot in place"};
 
 const void* kFusedBf16[3][5] = {
     EAR_ROW(oneshot_barrier_norm, bf16), EAR_ROW(twoshot_barrier_norm, bf16), EAR_ROW(oneshot_lamport_norm, bf16)};
@@ -39,7 +47,7 @@ const void* kFusedBf16[3][5] = {
 constexpr uint64_t kTokens = 4;
 constexpr uint32_t kHidden = 4096;
 
-bool fused(Kind k) { return k >= K_ONESHOT_NORM; }
+bool fused(Kind k) { return k >= K_ONESHOT_NORM && k <= K_LAMPORT_NORM; }
 
 // Elements of one call (bf16).
 uint64_t count_of(Kind k) {
@@ -124,9 +132,10 @@ struct FaultSim : SimRanks {
     p.nranks = n;
     bound_waits(p, r);
     p.timeout_ns = timeout_ns;
+    if (k == K_ONESHOT_IN_PLACE || k == K_TWOSHOT_IN_PLACE) p.flags = EAR_CALL_POINTERS | EAR_CALL_INPUT_SHARED;
     const uint64_t vecs = EAR_CEIL_DIV(c * 2, EAR_VEC_BYTES);
     if (!fused(k)) {
-      const int fam = k == K_LAMPORT ? LAMPORT : (k == K_ONESHOT ? ONESHOT : TWOSHOT);
+      const int fam = k == K_LAMPORT ? LAMPORT : (k == K_ONESHOT || k == K_ONESHOT_IN_PLACE ? ONESHOT : TWOSHOT);
       const uint32_t grid = fam == LAMPORT ? EAR_LAMPORT_GRID(vecs, grid_cap())
                                            : EAR_GRID(fam == TWOSHOT ? EAR_CEIL_DIV(vecs, n) : vecs, grid_cap());
       const uint32_t block = fam == LAMPORT ? EAR_LAMPORT_BLOCK(vecs, grid_cap()) : EAR_BLOCK_THREADS;
@@ -240,7 +249,7 @@ int main(int argc, char** argv) {
   SimOptions opt;
   if (!sim_start(argc, argv, &opt)) return 2;
   for (int n : {2, 4})
-    for (int k = K_ONESHOT; k <= K_LAMPORT_NORM; ++k) run(static_cast<Kind>(k), n, opt.one_launch);
+    for (int k = K_ONESHOT; k <= K_LAST; ++k) run(static_cast<Kind>(k), n, opt.one_launch);
   std::printf("%d passed, %d failed\n", g_pass, g_fail);
   return g_fail == 0 ? 0 : 1;
 }

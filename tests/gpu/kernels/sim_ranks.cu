@@ -98,8 +98,11 @@ struct Sim : SimRanks {
   void* in[EAR_MAX_RANKS]{};
   void* out[EAR_MAX_RANKS]{};
   EarAllReduceParams* dparams = nullptr;  // one-launch mode: pool of N-param sets
-  // Bit r: rank r lets its peers read its input in place (EAR_CALL_INPUT_SHARED; only the 4+
-  // rank two-shot reads it). run_case draws it per case: none, all, or a mix.
+  // Whether the ranks exchange pointers (EAR_CALL_POINTERS: a group of one process; read by
+  // the 4+ rank one-shot and two-shot), and bit r: rank r lets its peers read its input in
+  // place (EAR_CALL_INPUT_SHARED). run_case draws them per case: no exchange, or an exchange
+  // with none, all, or a mix of the inputs shared.
+  bool pointers = false;
   uint32_t shared_inputs = 0;
   CheckResult* dres = nullptr;
 
@@ -149,7 +152,7 @@ struct Sim : SimRanks {
     p.ws_max_bytes = ws_max;
     p.rank = r;
     p.nranks = n;
-    p.flags = (shared_inputs >> r) & 1u ? EAR_CALL_INPUT_SHARED : 0u;
+    p.flags = !pointers ? 0u : (shared_inputs >> r) & 1u ? EAR_CALL_POINTERS | EAR_CALL_INPUT_SHARED : EAR_CALL_POINTERS;
     bound_waits(p, r);
     return p;
   }
@@ -241,15 +244,17 @@ static bool evaluate(const CheckResult& h, int cpu_bad, int dt, float* err_out) 
 
 static void run_case(Sim& s, int fam, int dt, uint64_t count, bool inplace, int grid, bool pdl,
                      uint64_t seed) {
-  // Which ranks' inputs peers read in place: none, all, or a mix (seed bits).
+  // No pointer exchange, or one where peers read none, all, or a mix of the inputs in place
+  // (seed bits).
   const uint32_t all = (1u << s.n) - 1u;
-  const uint32_t pick = static_cast<uint32_t>(seed >> 40) % 3u;
-  s.shared_inputs = pick == 0 ? 0u : pick == 1 ? all : static_cast<uint32_t>(seed >> 20) & all;
+  const uint32_t pick = static_cast<uint32_t>(seed >> 40) % 4u;
+  s.pointers = pick != 0;
+  s.shared_inputs = pick <= 1 ? 0u : pick == 2 ? all : static_cast<uint32_t>(seed >> 20) & all;
   char name[256];
-  std::snprintf(name, sizeof(name), "%s %s n%d count=%llu (%llu B) %s grid=%d%s shared=0x%x", kFamName[fam],
+  std::snprintf(name, sizeof(name), "%s %s n%d count=%llu (%llu B) %s grid=%d%s %s shared=0x%x", kFamName[fam],
                 kDtName[dt], s.n, (unsigned long long)count,
                 (unsigned long long)(count * kElemSize[dt]), inplace ? "inplace" : "outofplace",
-                grid, pdl ? " pdl" : "", s.shared_inputs);
+                grid, pdl ? " pdl" : "", s.pointers ? "pointers" : "copies", s.shared_inputs);
   g_case = name;
   const uint64_t bytes = count * kElemSize[dt];
   for (int r = 0; r < s.n; ++r) {
@@ -333,8 +338,10 @@ static void graph_test(Sim& s, int dt, int replays) {
       s.in[r] = static_cast<char*>(s.in[r]) + off[k];
       s.out[r] = static_cast<char*>(s.out[r]) + off[k];
     }
-    const uint32_t all = (1u << s.n) - 1u;  // inputs read in place: all, none, a mix by call
-    s.shared_inputs = k % 3 == 0 ? all : k % 3 == 1 ? 0u : 0x5u & all;
+    // By call: inputs read in place by all, none (copies exchanged), a mix, or no exchange.
+    const uint32_t all = (1u << s.n) - 1u;
+    s.pointers = k % 4 != 3;
+    s.shared_inputs = k % 4 == 0 ? all : k % 4 == 2 ? 0x5u & all : 0u;
     fn();
     for (int r = 0; r < s.n; ++r) {
       s.in[r] = in0[r];
