@@ -520,8 +520,8 @@ mod tests {
         r.derive_bandwidths(Some(4000.0));
         assert!((r.algbw_gbps.unwrap() - 1000.0).abs() < 1e-9);
         assert!((r.busbw_gbps.unwrap() - 1500.0).abs() < 1e-9);
-        assert_eq!(r.rank_bytes, Some(4.5e6), "4 ranks, the wide two-shot: (3 + 2 * 3/4) S");
-        assert!((r.roof_frac.unwrap() - 4.0 * 4.5e6 / 1e-6 / 1e9 / 4000.0).abs() < 1e-9);
+        assert_eq!(r.rank_bytes, Some(3.0e6), "4 ranks, the wide two-shot reading inputs in place: 3 S");
+        assert!((r.roof_frac.unwrap() - 4.0 * 3.0e6 / 1e-6 / 1e9 / 4000.0).abs() < 1e-9);
     }
 
     #[test]
