@@ -156,6 +156,33 @@ pub fn enable_peer_access(device: i32, peer: i32) -> Result<bool> {
     })
 }
 
+/// Whether kernels on `device` can exchange 16 bytes atomically in `peer`'s memory over the
+/// link between them (`atom.exch.b128`, the pointer exchange of inputs read in place). Asked of
+/// `cuDeviceGetP2PAtomicCapabilities` (CUDA 13 drivers); a driver without it, or any error, is
+/// a no: the ranks then copy their inputs, as every group did before.
+pub fn p2p_exchange_128(device: i32, peer: i32) -> bool {
+    use sys::CUatomicOperationCapability_enum as Cap;
+    if driver().is_err() || !driver_has("cuDeviceGetP2PAtomicCapabilities") {
+        return false;
+    }
+    let (Ok(src), Ok(dst)) = (result::device::get(device), result::device::get(peer)) else {
+        return false;
+    };
+    let operation = sys::CUatomicOperation_enum::CU_ATOMIC_OPERATION_EXCHANGE;
+    let mut capabilities: std::ffi::c_uint = 0;
+    // SAFETY: one operation, one out-value; the symbol exists (driver_has), so cudarc's loader
+    // finds it instead of panicking.
+    let status = unsafe { sys::cuDeviceGetP2PAtomicCapabilities(&mut capabilities, &operation, 1, src, dst) };
+    status == sys::CUresult::CUDA_SUCCESS && capabilities & Cap::CU_ATOMIC_CAPABILITY_SCALAR_128 as u32 != 0
+}
+
+/// Whether the driver library cudarc loaded exports `symbol` (its loader panics on a missing
+/// one). After [`driver`] succeeded, so the library is there.
+fn driver_has(symbol: &str) -> bool {
+    // SAFETY: the symbol is only looked up, never called through this handle.
+    unsafe { sys::culib().get::<*const std::ffi::c_void>(symbol.as_bytes()) }.is_ok()
+}
+
 /// Compute capability major and multiprocessor count of `device`.
 pub fn device_properties(device: i32) -> Result<(i32, i32)> {
     use sys::CUdevice_attribute::*;

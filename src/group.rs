@@ -98,6 +98,10 @@ pub struct Group {
     pub(crate) imported: Vec<(i32, IpcMapping)>,
     /// Every rank's workspace as this process addresses it.
     pub(crate) peer_ws: [DevicePtr; EAR_MAX_RANKS],
+    /// Every rank's kernels can exchange 16 bytes atomically in every peer's memory (one
+    /// device, or links that do it natively: [`cuda::p2p_exchange_128`]), as the pointer exchange
+    /// of inputs read in place needs (`crate::launch`).
+    pub(crate) links_exchange: bool,
 }
 
 impl Group {
@@ -131,6 +135,7 @@ impl Group {
             members,
             imported: Vec::new(),
             peer_ws: [DevicePtr::NULL; EAR_MAX_RANKS],
+            links_exchange: false,
         })
     }
 
@@ -147,7 +152,9 @@ impl Group {
             }
         }
         let max_blocks = devices.iter().map(|&d| device_max_blocks(d)).collect::<Result<Vec<_>>>()?;
-        Self::allocate(devices, max_bytes, max_blocks.into_iter().min().unwrap_or(1))
+        let mut group = Self::allocate(devices, max_bytes, max_blocks.into_iter().min().unwrap_or(1))?;
+        group.links_exchange = every_ordered_pair(devices, cuda::p2p_exchange_128);
+        Ok(group)
     }
 
     /// `nranks` simulated ranks on one device, for tests and benchmarks. Each rank's grid is
@@ -155,7 +162,9 @@ impl Group {
     pub fn simulated(device: i32, nranks: i32, max_bytes: u64) -> Result<Group> {
         let sms = kernels::for_device(device)?.sm_count as u32;
         let max_blocks = max_blocks((sms / nranks.max(1) as u32).max(1));
-        Self::allocate(&vec![device; nranks.max(0) as usize], max_bytes, max_blocks)
+        let mut group = Self::allocate(&vec![device; nranks.max(0) as usize], max_bytes, max_blocks)?;
+        group.links_exchange = true; // one device: its own memory's atomics
+        Ok(group)
     }
 
     /// The memory of rank `rank`, if this process drives it.
@@ -211,6 +220,12 @@ impl Group {
     }
 }
 
+/// Whether `holds(a, b)` for every ordered pair of distinct `devices` (each rank writes into
+/// every peer's memory).
+fn every_ordered_pair(devices: &[i32], holds: impl Fn(i32, i32) -> bool) -> bool {
+    devices.iter().all(|&a| devices.iter().filter(|&&b| b != a).all(|&b| holds(a, b)))
+}
+
 /// `owner` (a rank's stream) is `stream`, or becomes it if no stream owned it yet.
 fn claim(owner: &AtomicUsize, stream: Stream) -> bool {
     match owner.compare_exchange(NO_STREAM, stream.0, Ordering::AcqRel, Ordering::Acquire) {
@@ -250,6 +265,18 @@ mod tests {
         assert!(matches!(g.member(0), Err(Error::RankNotLocal(0))), "an empty group drives no rank");
         assert!(g.kernels().is_none());
         assert!(!g.claim_stream(0, Stream(7)), "no stream claims a rank this process does not drive");
+    }
+
+    #[test]
+    fn the_pointer_exchange_needs_every_link_in_both_directions() {
+        assert!(every_ordered_pair(&[0, 1, 2, 3], |_, _| true));
+        assert!(!every_ordered_pair(&[0, 1, 2, 3], |a, b| !(a == 3 && b == 0)), "one direction of one link is enough to say no");
+        let asked = std::cell::RefCell::new(Vec::new());
+        every_ordered_pair(&[0, 1], |a, b| {
+            asked.borrow_mut().push((a, b));
+            true
+        });
+        assert_eq!(*asked.borrow(), [(0, 1), (1, 0)], "never a device with itself (the driver rejects that)");
     }
 
     #[test]
