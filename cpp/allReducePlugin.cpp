@@ -71,7 +71,9 @@ bool ioValid(char const* method, int32_t nbA, int32_t nbB, bool arrays) noexcept
 {
     try
     {
-        if (nbA < 0 || nbB < 0 || nbA + nbB > kMaxTensors)
+        // Each count against the limit before any sum: TensorRT never passes more, but counts
+        // near INT32_MAX must not overflow the check and reach the copies below.
+        if (nbA < 0 || nbB < 0 || nbA > kMaxTensors || nbB > kMaxTensors - nbA)
         {
             ffi::log_error(std::string("AllReducePlugin::") + method + ": invalid tensor counts from TensorRT ("
                 + std::to_string(nbA) + ", " + std::to_string(nbB) + ")");

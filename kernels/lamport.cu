@@ -46,7 +46,7 @@ namespace ear {
 template <typename T, int N>
 __device__ __forceinline__ void lamport_body(const EarAllReduceParams& p) {
   check_params<T, N>(p, EAR_LAMPORT_MAX_MSG(p.ws_max_bytes), /*any_block=*/true);
-  const uint64_t* const our_abort = open_call(p);
+  const uint64_t* const our_abort = open_call<T>(p);
   const uint64_t vecs = vec_count<T>(p.count);
   const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
   const uint64_t first = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;

@@ -25,7 +25,7 @@ __device__ __forceinline__ void lamport_norm_body(const EarFusedParams& p) {
   const uint32_t hv = row_vecs<T>(p.hidden);
   const uint64_t m = p.ar.ws_max_bytes;
   check_fused<T, N>(p, EAR_FUSED_STAGE_BYTES(p.tokens, p.hidden, sizeof(T)), EAR_LAMPORT_MAX_MSG(m));
-  const uint64_t* const our_abort = open_call(p.ar);
+  const uint64_t* const our_abort = open_call<T>(p.ar, &p);
   const bool vec_ok = (p.hidden * sizeof(T)) % EAR_VEC_BYTES == 0;
   const bool in_place = p.normed == p.ar.input;
   const uint64_t vecs = p.tokens * hv;

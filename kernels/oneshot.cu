@@ -41,7 +41,7 @@ namespace ear {
 template <typename T, int N>
 __device__ __forceinline__ void oneshot_body(const EarAllReduceParams& p) {
   check_params<T, N>(p, p.ws_max_bytes);
-  const uint64_t* const our_abort = open_call(p);
+  const uint64_t* const our_abort = open_call<T>(p);
   const CallCounters c = begin_call(p, our_abort, next_barrier_call);
   const uint64_t m = p.ws_max_bytes;
   const uint64_t vecs = vec_count<T>(p.count);

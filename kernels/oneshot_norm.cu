@@ -16,7 +16,7 @@ template <typename T, int N>
 __device__ __forceinline__ void oneshot_norm_body(const EarFusedParams& p) {
   const uint32_t hv = row_vecs<T>(p.hidden);
   check_fused<T, N>(p, EAR_FUSED_STAGE_BYTES(p.tokens, p.hidden, sizeof(T)), p.ar.ws_max_bytes);
-  const uint64_t* const our_abort = open_call(p.ar);
+  const uint64_t* const our_abort = open_call<T>(p.ar, &p);
   const CallCounters c = begin_call(p.ar, our_abort, next_barrier_call);
   const uint64_t m = p.ar.ws_max_bytes;
   const bool vec_ok = (p.hidden * sizeof(T)) % EAR_VEC_BYTES == 0;

@@ -178,8 +178,11 @@ struct CallCounters {
 // bounded waits (wait.cuh), then waits for the previous kernel (PDL). Arming depends on no
 // memory, so with PDL it overlaps that kernel's tail. Returns our abort word to the thread that
 // reads it in begin_call, NULL to the others.
-__device__ __forceinline__ uint64_t* open_call(const EarAllReduceParams& p) {
-  uint64_t* const ours = arm_waits(p);
+// `fused`: the fused op's parameters (`p` is their all-reduce part), whose outputs a failed
+// call poisons; T: the element type (wait.cuh).
+template <typename T>
+__device__ __forceinline__ uint64_t* open_call(const EarAllReduceParams& p, const EarFusedParams* fused = nullptr) {
+  uint64_t* const ours = arm_waits(p, fused, sizeof(T));
   pdl_wait();
   return ours;
 }
@@ -232,8 +235,12 @@ __device__ __forceinline__ CallCounters next_lamport_call(CallCounters c, uint64
 }
 
 // End of a call: let the dependent launch start (its griddepcontrol.wait still waits for
-// this grid to complete and flush). No fence: see State.
-__device__ __forceinline__ void finish_call() { pdl_trigger(); }
+// this grid to complete and flush). No fence: see State. Then, if a wait of this CTA gave up,
+// the call's outputs become NaN (wait.cuh); every thread of the CTA must get here.
+__device__ __forceinline__ void finish_call() {
+  pdl_trigger();
+  poison_if_gave_up();
+}
 
 // The same trigger, earlier: once this CTA waits on no peer any more (what is left is local
 // work, or loads of data known to have arrived). It is as safe as finish_call's: when every

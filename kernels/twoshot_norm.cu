@@ -35,7 +35,7 @@ __device__ __forceinline__ void twoshot_norm_body(const EarFusedParams& p) {
   const uint64_t m = p.ar.ws_max_bytes;
   check_fused<T, N>(p, EAR_FUSED_TWOSHOT_SEG_NEED(p.tokens, p.hidden, sizeof(T), N),
                     EAR_TWOSHOT_SEG_BYTES(m, N));
-  const uint64_t* const our_abort = open_call(p.ar);
+  const uint64_t* const our_abort = open_call<T>(p.ar, &p);
   const CallCounters c = begin_call(p.ar, our_abort, next_barrier_call);
   const int rank = p.ar.rank;
   const bool vec_ok = (p.hidden * sizeof(T)) % EAR_VEC_BYTES == 0;

@@ -55,7 +55,7 @@ constexpr uint32_t kWideAll = kWideCopy | kWideBarrier1 | kWideReduce | kWideBar
 template <typename T, int N, uint32_t Opts = kWideAll>
 __device__ __forceinline__ void twoshot_wide_body(const EarAllReduceParams& p) {
   check_params<T, N>(p, p.ws_max_bytes);
-  const uint64_t* const our_abort = open_call(p);
+  const uint64_t* const our_abort = open_call<T>(p);
   const CallCounters c = begin_call(p, our_abort, next_barrier_call);
   const uint64_t m = p.ws_max_bytes;
   const int rank = p.rank;

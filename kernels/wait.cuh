@@ -3,10 +3,19 @@
 // leave its peers spinning for ever. Instead a wait that lasts EarAllReduceParams::timeout_ns
 // gives up: the kernel records the fault in its host-visible fault word, aborts the group on
 // every rank (the abort word of each workspace, allreduce_params.h) and runs to its end
-// without waiting any more (its output is wrong: the host reports it, docs/DESIGN.md). Every
-// later call of the group, on any rank, finds its abort word set at its start (read after
-// PDL's wait, so an abort by the previous kernel of its stream is seen) and does nothing;
-// waits that are under way find it at their next look and give up too.
+// without waiting any more. Every later call of the group, on any rank, finds its abort word
+// set at its start (read after PDL's wait, so an abort by the previous kernel of its stream is
+// seen) and does nothing more; waits that are under way find it at their next look and give
+// up too.
+//
+// A call that failed must not look like one that succeeded: a CTA that gave up, or that found
+// its group aborted, overwrites the call's whole outputs with NaN (every byte 0xFF: a NaN in
+// f32, f16 and bf16 alike) as its last act, after its own stores (poison_outputs). A CTA that
+// did not give up only ever stores correct sums. So after a failed call every element of the
+// output is NaN or the correct value, never a partial sum, a rank's own input or what the
+// buffer held before; NaN propagates through the layers that follow, and the host reports the
+// fault (docs/DESIGN.md). Whole outputs, not a CTA's share: which elements a CTA stores depends
+// on the family, and the failure path may be slow.
 //
 // The fast path pays a compare: after an unsuccessful poll a spin loop reads the SM's cycle
 // counter and compares it with its wait's next look, held in a register (Waiting): no memory
@@ -36,8 +45,11 @@ constexpr long long kCyclesPerLook = 1ll << 16;
 // 0.2-0.4 us of its 1.7, one H200, simulated ranks).
 struct WaitContext {
   const EarAllReduceParams* params;  // the kernel's own parameters
+  const EarFusedParams* fused;       // the fused op's (its two outputs), NULL for a plain all-reduce
   unsigned long long deadline;       // 0 until the CTA's first look at the clock (atomics only)
-  uint32_t gave_up;                  // the EAR_FAULT_* code once a wait of this CTA gave up (atomics only)
+  uint32_t gave_up;                  // the EAR_FAULT_* code once a wait of this CTA gave up (atomics
+                                     // only, until the CTA's last barrier: poison_if_gave_up)
+  uint32_t elem_bytes;               // bytes per element of the outputs
 };
 
 __device__ __forceinline__ WaitContext& wait_context() {
@@ -116,21 +128,59 @@ __device__ __forceinline__ bool is_arm_thread() { return threadIdx.x == (blockDi
 // previous kernel). `p` must be the kernel's __grid_constant__ parameters (a pointer to them is
 // kept). Returns our abort word to the arm thread (which reads it at begin_call), NULL to
 // every other thread.
-__device__ __forceinline__ uint64_t* arm_waits(const EarAllReduceParams& p) {
+// `fused`: the fused op's parameters when `p` is their all-reduce part (their outputs are the
+// ones a failed call poisons), else NULL; `elem_bytes`: the element size of the outputs.
+__device__ __forceinline__ uint64_t* arm_waits(const EarAllReduceParams& p, const EarFusedParams* fused,
+                                               uint32_t elem_bytes) {
   if (!is_arm_thread()) return nullptr;
   WaitContext& w = wait_context();
-  w.params = &p;  // before begin_call's __syncthreads, as the two zeros: no look reads them sooner
+  w.params = &p;  // before begin_call's __syncthreads, as the zeros: no look reads them sooner
+  w.fused = fused;
   w.deadline = 0;
   w.gave_up = 0;
+  w.elem_bytes = elem_bytes;
   return abort_word(p.peer_ws[p.rank]);  // check_params vetted the rank
 }
 
-// After begin_call's __syncthreads: a call of an aborted group does nothing. Thread 0 records
-// why, and the whole CTA exits (every thread read the same value).
+// Fills `bytes` bytes at `out` (16-byte aligned, the launch rule) with 0xFF, the CTA's threads
+// striding over all of it.
+__device__ __forceinline__ void fill_nan(void* out, uint64_t bytes) {
+  if (out == nullptr) return;
+  const uint4 nan = make_uint4(~0u, ~0u, ~0u, ~0u);
+  const uint64_t vecs = bytes / 16u;
+  for (uint64_t i = threadIdx.x; i < vecs; i += blockDim.x) reinterpret_cast<uint4*>(out)[i] = nan;
+  for (uint64_t i = vecs * 16u + threadIdx.x; i < bytes; i += blockDim.x) static_cast<uint8_t*>(out)[i] = 0xFFu;
+}
+
+// The failed call's outputs, all of them, NaN: the all-reduce's output, or the fused op's
+// normed and residual outputs. Every thread of the CTA takes part. Out of line: the fast path
+// keeps its registers.
+__device__ __noinline__ void poison_outputs() {
+  const WaitContext& w = wait_context();
+  if (w.fused != nullptr) {
+    const uint64_t bytes = w.fused->tokens * w.fused->hidden * w.elem_bytes;
+    fill_nan(w.fused->normed, bytes);
+    fill_nan(w.fused->residual_out, bytes);
+  } else {
+    fill_nan(w.params->output, w.params->count * w.elem_bytes);
+  }
+}
+
+// After begin_call's __syncthreads: a call of an aborted group does nothing but poison its
+// outputs. Thread 0 records why, and the whole CTA exits (every thread read the same value).
 __device__ __forceinline__ void bail_if_aborted(uint64_t aborted) {
   if (aborted == 0u) return;
   if (threadIdx.x == 0) record_fault(*wait_context().params, abort_fault(aborted));
+  poison_outputs();
   asm volatile("exit;");
+}
+
+// The end of every call, reached by every thread of the CTA: if one of its waits gave up, the
+// outputs become NaN after every store of this call (the barrier orders them). The barrier also
+// ends the looks, so gave_up is read plainly here.
+__device__ __forceinline__ void poison_if_gave_up() {
+  __syncthreads();
+  if (wait_context().gave_up != 0u) poison_outputs();
 }
 
 }  // namespace ear

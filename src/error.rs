@@ -2,7 +2,6 @@
 //! point from C or C++ converts it into a TensorRT status code (or `false`/null) after logging
 //! it once; nothing unwinds across the ABI.
 
-use cudarc::driver::DriverError;
 use thiserror::Error;
 
 /// Everything that can go wrong in the plugin core.
@@ -107,9 +106,13 @@ pub enum Error {
     #[error("the CUDA driver (libcuda.so.1) could not be loaded: a GPU and its driver are needed for this call")]
     NoDriver,
 
-    /// The driver's `CUresult`, by name (`CUDA_ERROR_OUT_OF_MEMORY`, ...).
-    #[error("CUDA call {call} failed with {:?}", .source.0)]
-    Cuda { call: &'static str, source: DriverError },
+    /// The driver's `CUresult`: its number, any number, and its name when the driver has one
+    /// (`cuda::driver`).
+    #[error("CUDA call {call} failed with {}", match name {
+        Some(name) => format!("{name} ({code})"),
+        None => format!("CUDA error {code}, which the driver does not name"),
+    })]
+    Cuda { call: &'static str, code: u32, name: Option<&'static str> },
 
     #[error("the CUDA driver has no {0}: a newer driver is needed for this call")]
     DriverLacks(&'static str),
@@ -136,11 +139,6 @@ impl Error {
     pub(crate) fn shape(reason: impl Into<String>) -> Self {
         Error::Shape(reason.into())
     }
-}
-
-/// Names the failed driver call: `cuda_result.map_err(cuda("cuMemAlloc"))?`.
-pub(crate) fn cuda(call: &'static str) -> impl FnOnce(DriverError) -> Error {
-    move |source| Error::Cuda { call, source }
 }
 
 /// Runs `f`, turning a panic into [`Error::Panic`] and logging any error once with `context`.
@@ -178,9 +176,10 @@ mod tests {
     }
 
     #[test]
-    fn cuda_errors_name_their_cuda_result() {
-        use cudarc::driver::sys::CUresult;
-        let e = cuda("cuMemAlloc")(DriverError(CUresult::CUDA_ERROR_OUT_OF_MEMORY));
-        assert_eq!(e.to_string(), "CUDA call cuMemAlloc failed with CUDA_ERROR_OUT_OF_MEMORY");
+    fn cuda_errors_carry_their_number_and_the_drivers_name_if_any() {
+        let named = Error::Cuda { call: "cuMemAlloc_v2", code: 2, name: Some("CUDA_ERROR_OUT_OF_MEMORY") };
+        assert_eq!(named.to_string(), "CUDA call cuMemAlloc_v2 failed with CUDA_ERROR_OUT_OF_MEMORY (2)");
+        let unnamed = Error::Cuda { call: "cuLaunchKernelEx", code: 12345, name: None };
+        assert_eq!(unnamed.to_string(), "CUDA call cuLaunchKernelEx failed with CUDA error 12345, which the driver does not name");
     }
 }

@@ -47,8 +47,8 @@ impl DeviceKernels {
             for (module, image, defined) in MODULES {
                 let found = match cuda::load_module(image, &names, defined) {
                     Ok(found) => found,
-                    Err(Error::Cuda { call: "cuModuleLoadData", source }) => {
-                        failed.push((module, source.0 as i32));
+                    Err(Error::Cuda { call: "cuModuleLoadData", code, .. }) => {
+                        failed.push((module, code as i32));
                         continue;
                     }
                     Err(e) => return Err(e),

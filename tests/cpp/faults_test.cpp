@@ -118,6 +118,32 @@ TEST(Faults, NullTensorArraysAreRejectedAndSaySo)
     EXPECT_TRUE(logger.saw("AllReducePlugin::enqueue: null tensor array"));
 }
 
+TEST(Faults, CountsNearInt32MaxAreRejectedWithoutOverflow)
+{
+    // A count near INT32_MAX made the sum of the two counts overflow, pass the limit, and read
+    // or write far past 16-entry arrays. Each entry point must refuse before touching an array.
+    fake::Logger& logger = freshLog();
+    PluginPtr p = plugin(2);
+    ASSERT_NE(p, nullptr);
+    auto v = testlib::views(p.get());
+    DynamicPluginTensorDesc d = testlib::dynamicTensor({1, 4096}, DataType::kHALF);
+    PluginTensorDesc t = testlib::tensor({1, 4096}, DataType::kHALF);
+    DataType types[1] = {DataType::kHALF};
+    fake::ExprBuilder builder;
+    DimsExprs shape = builder.dims({1, 4096});
+    for (auto const [a, b] : {std::pair<int32_t, int32_t>{1, INT32_MAX}, {INT32_MAX, 1}, {INT32_MAX, INT32_MAX},
+             {17, 0}, {0, 17}, {INT32_MAX - 15, 16}})
+    {
+        logger.clear();
+        EXPECT_EQ(v.build->getOutputDataTypes(types, b, types, a), -1);
+        EXPECT_EQ(v.build->getOutputShapes(&shape, a, nullptr, 0, &shape, b, builder), -1);
+        EXPECT_EQ(v.build->configurePlugin(&d, a, &d, b), -1);
+        EXPECT_FALSE(v.build->supportsFormatCombination(0, &d, a, b));
+        EXPECT_EQ(v.runtime->onShapeChange(&t, a, &t, b), -1);
+        EXPECT_GE(lines("invalid tensor counts from TensorRT"), 5U) << a << ", " << b;
+    }
+}
+
 TEST(Faults, VolumesThatOverflowAreRejectedNotTruncated)
 {
     freshLog();

@@ -6,12 +6,13 @@
 // {2, 4}, each case on a fresh group:
 //   skip      every rank but the last launches, with a 50 ms bound: each one ends (no hang)
 //             with a fault recorded (TIMEOUT, or ABORTED where a peer's abort came first; at
-//             least one TIMEOUT), and every workspace's abort word is set, the skipped rank's too;
-//   late      then the skipped rank launches: it does nothing (its output keeps its poison) and
+//             least one TIMEOUT) and its outputs all NaN (wait.cuh: a failed call poisons
+//             them), and every workspace's abort word is set, the skipped rank's too;
+//   late      then the skipped rank launches: it does nothing but poison its outputs, and
 //             records ABORTED;
 //   released  abort words set to EAR_FAULT_RELEASED (what the host writes when it releases a
-//             group): every rank's launch does nothing and records RELEASED;
-//   no bound  timeout 0 and an aborted group: every rank's launch still does nothing (ABORTED);
+//             group): every rank's launch only poisons its outputs and records RELEASED;
+//   no bound  timeout 0 and an aborted group: every rank's launch still only poisons (ABORTED);
 //   control   every rank launches with the bound set: correct sums, no fault.
 // The watchdog (--timeout, default 10 s) turns a hang into a failure naming the case.
 // --one-launch (for tools that serialize kernels, e.g. compute-sanitizer) skips the controls:
@@ -90,7 +91,8 @@ struct FaultSim : SimRanks {
     CK(cudaFree(gamma));
     destroy_ranks();
   }
-  // Rank r's inputs: every element 1.0 * (r + 1); outputs poisoned.
+  // Rank r's inputs: every element 1.0 * (r + 1); outputs hold a marker (0x1111: a bf16 number,
+  // neither the sum nor NaN).
   void fill(Kind k) {
     const uint64_t c = count_of(k);
     for (int r = 0; r < n; ++r) {
@@ -99,8 +101,8 @@ struct FaultSim : SimRanks {
       std::memcpy(&bits, &value, 4);
       const std::vector<uint16_t> v(c, static_cast<uint16_t>(bits >> 16));  // bf16: exact
       CK(cudaMemcpy(in[r], v.data(), c * 2, cudaMemcpyHostToDevice));
-      CK(cudaMemset(out[r], 0xff, c * 2));
-      CK(cudaMemset(normed[r], 0xff, c * 2));
+      CK(cudaMemset(out[r], 0x11, c * 2));
+      CK(cudaMemset(normed[r], 0x11, c * 2));
     }
   }
   // Every rank's abort word set to `why` (0: live), as the host writes it.
@@ -154,11 +156,16 @@ struct FaultSim : SimRanks {
                                    : EAR_FUSED_GRID(kTokens, grid_cap());
     launch_kernel(kFusedBf16[fam][ni], dim3(grid), dim3(EAR_FUSED_BLOCK(kHidden, 2)), st[r], false, &f);
   }
-  // Whether rank r's output (residual_out for the fused kinds) still holds its poison.
-  bool untouched(Kind k, int r) {
+  // Whether every byte of rank r's outputs (residual_out and normed for the fused kinds) is
+  // 0xFF: NaN everywhere, what a call that failed leaves.
+  bool poisoned(Kind k, int r) {
     std::vector<uint8_t> h(count_of(k) * 2);
-    CK(cudaMemcpy(h.data(), out[r], h.size(), cudaMemcpyDeviceToHost));
-    return std::all_of(h.begin(), h.end(), [](uint8_t b) { return b == 0xff; });
+    bool all = true;
+    for (void* o : {out[r], fused(k) ? normed[r] : out[r]}) {
+      CK(cudaMemcpy(h.data(), o, h.size(), cudaMemcpyDeviceToHost));
+      all &= std::all_of(h.begin(), h.end(), [](uint8_t b) { return b == 0xff; });
+    }
+    return all;
   }
   // Whether rank r's output (residual_out: the residual is zero) is 1 + 2 + ... + n everywhere.
   bool summed(Kind k, int r) {
@@ -193,12 +200,13 @@ void run(Kind k, int n, bool serialized) {
     for (int r = 0; r < n; ++r)
       if (r != skipped) s.launch(k, r, bound);
     sync_all(s);
-    bool all_faulted = true, one_timeout = false, aborted_everywhere = true;
+    bool all_faulted = true, one_timeout = false, aborted_everywhere = true, all_nan = true;
     for (int r = 0; r < n; ++r) {
       if (r != skipped) {
         all_faulted &= s.code(r) == EAR_FAULT_TIMEOUT || s.code(r) == EAR_FAULT_ABORTED;
         all_faulted &= (s.faults[r] >> 8) == 1;  // the generation
         one_timeout |= s.code(r) == EAR_FAULT_TIMEOUT;
+        all_nan &= s.poisoned(k, r);
       }
       aborted_everywhere &= s.abort_word(r) == EAR_FAULT_ABORTED;
     }
@@ -206,11 +214,13 @@ void run(Kind k, int n, bool serialized) {
            "%s skip: the %d launched ranks ended with a fault (codes %u %u %u %u), one a timeout", name, n - 1,
            s.code(0), s.code(1), n > 2 ? s.code(2) : 0, n > 3 ? s.code(3) : 0);
     report(aborted_everywhere, "%s skip: every workspace's abort word is set, the skipped rank's too", name);
+    report(all_nan, "%s skip: every launched rank's outputs are NaN, none looks like a result", name);
     g_case = std::string(name) + " late";
     s.launch(k, skipped, bound);
     wait_stream(s.st[skipped]);
-    report(s.code(skipped) == EAR_FAULT_ABORTED && s.untouched(k, skipped),
-           "%s late: the skipped rank's call did nothing and recorded ABORTED (code %u)", name, s.code(skipped));
+    report(s.code(skipped) == EAR_FAULT_ABORTED && s.poisoned(k, skipped),
+           "%s late: the skipped rank's call only poisoned its outputs and recorded ABORTED (code %u)", name,
+           s.code(skipped));
     s.destroy();
   }
   const std::tuple<uint32_t, uint64_t, const char*> dead[] = {{EAR_FAULT_RELEASED, bound, "released"},
@@ -225,8 +235,8 @@ void run(Kind k, int n, bool serialized) {
     for (int r = 0; r < n; ++r) s.launch(k, r, timeout);
     sync_all(s);
     bool nothing = true;
-    for (int r = 0; r < n; ++r) nothing &= s.code(r) == why && s.untouched(k, r);
-    report(nothing, "%s %s: every rank's call did nothing and recorded code %u", name, label, why);
+    for (int r = 0; r < n; ++r) nothing &= s.code(r) == why && s.poisoned(k, r);
+    report(nothing, "%s %s: every rank's call only poisoned its outputs and recorded code %u", name, label, why);
     s.destroy();
   }
   if (!serialized) {

@@ -1,10 +1,14 @@
-//! The CUDA driver, reached through cudarc's `result` layer with dynamic loading: the library
-//! links no CUDA library, loads on machines without a GPU, and a call that needs the driver there
-//! fails with [`Error::NoDriver`] instead of cudarc's panic. Handles are newtypes
-//! ([`DevicePtr`], [`Stream`], [`Function`]); allocations are owned ([`DeviceBuffer`]).
+//! The CUDA driver, loaded at run time (cudarc finds the library; [`driver`] declares the
+//! functions with their status as a plain number): the library links no CUDA library, loads on
+//! machines without a GPU, and a call that needs the driver there fails with
+//! [`Error::NoDriver`] instead of a panic; any status, known or not, is an error with its number.
+//! Handles are newtypes ([`DevicePtr`], [`Stream`], [`Function`]); allocations are owned
+//! ([`DeviceBuffer`]).
 
-use crate::error::{cuda, Error, Result};
-use cudarc::driver::{result, sys};
+mod driver;
+
+use crate::error::{Error, Result};
+use cudarc::driver::sys;
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 
@@ -40,13 +44,17 @@ impl Stream {
 
 /// Loads the driver and runs `cuInit` once per process.
 fn driver() -> Result<()> {
-    static READY: OnceLock<Option<Result<(), result::DriverError>>> = OnceLock::new();
-    // SAFETY: is_culib_present only tries to dlopen libcuda; cuInit is idempotent.
-    let ready = READY.get_or_init(|| unsafe { sys::is_culib_present() }.then(result::init));
-    match ready {
-        None => Err(Error::NoDriver),
-        Some(Ok(())) => Ok(()),
-        Some(Err(e)) => Err(cuda("cuInit")(*e)),
+    static READY: OnceLock<Result<(), (u32, Option<&'static str>)>> = OnceLock::new();
+    // SAFETY: cuInit is idempotent and takes no pointer.
+    let ready = READY.get_or_init(|| match unsafe { driver::cuInit(0) } {
+        Ok(()) => Ok(()),
+        Err(Error::Cuda { code, name, .. }) => Err((code, name)),
+        Err(_) => Err((u32::MAX, None)), // no driver library, or no cuInit in it
+    });
+    match *ready {
+        Ok(()) => Ok(()),
+        Err((u32::MAX, None)) => Err(Error::NoDriver),
+        Err((code, name)) => Err(Error::Cuda { call: "cuInit", code, name }),
     }
 }
 
@@ -56,7 +64,7 @@ pub fn current_device() -> Result<i32> {
     driver()?;
     let mut device: sys::CUdevice = 0;
     // SAFETY: the driver is loaded and initialised; `device` is a valid out-pointer.
-    unsafe { sys::cuCtxGetDevice(&mut device) }.result().map_err(cuda("cuCtxGetDevice"))?;
+    unsafe { driver::cuCtxGetDevice(&mut device) }?;
     Ok(device)
 }
 
@@ -68,7 +76,7 @@ pub fn current_device() -> Result<i32> {
 pub unsafe fn copy_async(dst: DevicePtr, src: DevicePtr, bytes: usize, stream: Stream) -> Result<()> {
     driver()?;
     // SAFETY: the caller's contract.
-    unsafe { result::memcpy_dtod_async(dst.0, src.0, bytes, stream.raw()) }.map_err(cuda("cuMemcpyDtoDAsync"))
+    unsafe { driver::cuMemcpyDtoDAsync_v2(dst.0, src.0, bytes, stream.raw()) }
 }
 
 /// The primary context of `device`, retained once and kept for the life of the process (the
@@ -81,9 +89,10 @@ fn primary_context(device: i32) -> Result<sys::CUcontext> {
     if let Some(&ctx) = map.get(&device) {
         return Ok(ctx as sys::CUcontext);
     }
-    let dev = result::device::get(device).map_err(cuda("cuDeviceGet"))?;
+    let dev = device_handle(device)?;
+    let mut ctx: sys::CUcontext = std::ptr::null_mut();
     // SAFETY: `dev` is a device of this driver; the context is retained for the process's life.
-    let ctx = unsafe { result::primary_ctx::retain(dev) }.map_err(cuda("cuDevicePrimaryCtxRetain"))?;
+    unsafe { driver::cuDevicePrimaryCtxRetain(&mut ctx, dev) }?;
     map.insert(device, ctx as usize);
     Ok(ctx)
 }
@@ -93,11 +102,11 @@ fn primary_context(device: i32) -> Result<sys::CUcontext> {
 pub fn with_device<T>(device: i32, f: impl FnOnce() -> Result<T>) -> Result<T> {
     let ctx = primary_context(device)?;
     // SAFETY: ctx is a retained primary context; push and pop are balanced below.
-    unsafe { sys::cuCtxPushCurrent_v2(ctx) }.result().map_err(cuda("cuCtxPushCurrent"))?;
+    unsafe { driver::cuCtxPushCurrent_v2(ctx) }?;
     let outcome = f();
     let mut popped: sys::CUcontext = std::ptr::null_mut();
     // SAFETY: pops the context pushed above.
-    let pop = unsafe { sys::cuCtxPopCurrent_v2(&mut popped) }.result().map_err(cuda("cuCtxPopCurrent"));
+    let pop = unsafe { driver::cuCtxPopCurrent_v2(&mut popped) };
     outcome.and_then(|v| pop.map(|_| v))
 }
 
@@ -111,11 +120,13 @@ pub struct DeviceBuffer {
 impl DeviceBuffer {
     pub fn zeroed(bytes: usize) -> Result<DeviceBuffer> {
         driver()?;
+        let mut ptr: sys::CUdeviceptr = 0;
         // SAFETY: allocates in the current context; the buffer owns the allocation from here on.
-        let buffer = DeviceBuffer { ptr: DevicePtr(unsafe { result::malloc_sync(bytes) }.map_err(cuda("cuMemAlloc"))?) };
+        unsafe { driver::cuMemAlloc_v2(&mut ptr, bytes) }?;
+        let buffer = DeviceBuffer { ptr: DevicePtr(ptr) };
         // SAFETY: the memset covers exactly the allocation.
-        unsafe { result::memset_d8_sync(buffer.ptr.0, 0, bytes) }.map_err(cuda("cuMemsetD8"))?;
-        result::ctx::synchronize().map_err(cuda("cuCtxSynchronize"))?;
+        unsafe { driver::cuMemsetD8_v2(buffer.ptr.0, 0, bytes) }?;
+        synchronize()?;
         Ok(buffer)
     }
 
@@ -129,9 +140,9 @@ impl Drop for DeviceBuffer {
     /// [`with_device`]); errors are logged, never panicked on.
     fn drop(&mut self) {
         // SAFETY: the buffer owns the allocation; synchronizing first lets launched work finish.
-        let freed = result::ctx::synchronize().and_then(|()| unsafe { result::free_sync(self.ptr.0) });
+        let freed = synchronize().and_then(|()| unsafe { driver::cuMemFree_v2(self.ptr.0) });
         if let Err(e) = freed {
-            crate::log::warning(&format!("freeing a device buffer: {}", cuda("cuMemFree")(e)));
+            crate::log::warning(&format!("freeing a device buffer: {e}"));
         }
     }
 }
@@ -142,16 +153,17 @@ pub fn enable_peer_access(device: i32, peer: i32) -> Result<bool> {
     driver()?;
     let mut can: std::ffi::c_int = 0;
     // SAFETY: valid out-pointer; device ordinals are checked by the driver.
-    unsafe { sys::cuDeviceCanAccessPeer(&mut can, device, peer) }.result().map_err(cuda("cuDeviceCanAccessPeer"))?;
+    unsafe { driver::cuDeviceCanAccessPeer(&mut can, device, peer) }?;
     if can == 0 {
         return Ok(false);
     }
     let peer_ctx = primary_context(peer)?;
     with_device(device, || {
         // SAFETY: peer_ctx is a retained context; the current context is device's.
-        match unsafe { sys::cuCtxEnablePeerAccess(peer_ctx, 0) } {
-            sys::CUresult::CUDA_SUCCESS | sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED => Ok(true),
-            e => Err(cuda("cuCtxEnablePeerAccess")(result::DriverError(e))),
+        match unsafe { driver::cuCtxEnablePeerAccess(peer_ctx, 0) } {
+            Ok(()) => Ok(true),
+            Err(Error::Cuda { code: driver::ERROR_PEER_ACCESS_ALREADY_ENABLED, .. }) => Ok(true),
+            Err(e) => Err(e),
         }
     })
 }
@@ -162,56 +174,59 @@ pub fn enable_peer_access(device: i32, peer: i32) -> Result<bool> {
 /// a no: the ranks then copy their inputs, as every group did before.
 pub fn p2p_exchange_128(device: i32, peer: i32) -> bool {
     use sys::CUatomicOperationCapability_enum as Cap;
-    if driver().is_err() || !driver_has("cuDeviceGetP2PAtomicCapabilities") {
+    if driver().is_err() {
         return false;
     }
-    let (Ok(src), Ok(dst)) = (result::device::get(device), result::device::get(peer)) else {
+    let (Ok(src), Ok(dst)) = (device_handle(device), device_handle(peer)) else {
         return false;
     };
     let operation = sys::CUatomicOperation_enum::CU_ATOMIC_OPERATION_EXCHANGE;
     let mut capabilities: std::ffi::c_uint = 0;
-    // SAFETY: one operation, one out-value; the symbol exists (driver_has), so cudarc's loader
-    // finds it instead of panicking.
-    let status = unsafe { sys::cuDeviceGetP2PAtomicCapabilities(&mut capabilities, &operation, 1, src, dst) };
-    status == sys::CUresult::CUDA_SUCCESS && capabilities & Cap::CU_ATOMIC_CAPABILITY_SCALAR_128 as u32 != 0
+    // SAFETY: one operation, one out-value; a driver without the function is an error (a no).
+    let status = unsafe { driver::cuDeviceGetP2PAtomicCapabilities(&mut capabilities, &operation, 1, src, dst) };
+    status.is_ok() && capabilities & Cap::CU_ATOMIC_CAPABILITY_SCALAR_128 as u32 != 0
 }
 
-/// Whether the driver library cudarc loaded exports `symbol` (its loader panics on a missing
-/// one). After [`driver`] succeeded, so the library is there.
-fn driver_has(symbol: &str) -> bool {
-    // SAFETY: the symbol is only looked up, never called through this handle.
-    unsafe { sys::culib().get::<*const std::ffi::c_void>(symbol.as_bytes()) }.is_ok()
+/// The driver's handle of device ordinal `device`.
+fn device_handle(device: i32) -> Result<sys::CUdevice> {
+    let mut dev: sys::CUdevice = 0;
+    // SAFETY: a valid out-pointer; the driver checks the ordinal.
+    unsafe { driver::cuDeviceGet(&mut dev, device) }?;
+    Ok(dev)
+}
+
+/// An integer attribute of `device`.
+fn device_attribute(device: i32, attribute: sys::CUdevice_attribute) -> Result<i32> {
+    let dev = device_handle(device)?;
+    let mut value = 0;
+    // SAFETY: `dev` is a device of this driver; the attribute is a plain integer.
+    unsafe { driver::cuDeviceGetAttribute(&mut value, attribute, dev) }?;
+    Ok(value)
 }
 
 /// Compute capability major and multiprocessor count of `device`.
 pub fn device_properties(device: i32) -> Result<(i32, i32)> {
     use sys::CUdevice_attribute::*;
     driver()?;
-    let dev = result::device::get(device).map_err(cuda("cuDeviceGet"))?;
-    // SAFETY: `dev` is a device of this driver; the attributes are plain integers.
-    unsafe {
-        let major = result::device::get_attribute(dev, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR);
-        let sms = result::device::get_attribute(dev, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT);
-        Ok((major.map_err(cuda("cuDeviceGetAttribute"))?, sms.map_err(cuda("cuDeviceGetAttribute"))?))
-    }
+    let major = device_attribute(device, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
+    Ok((major, device_attribute(device, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?))
 }
 
 /// Compute capability of `device` as major * 10 + minor (90 for sm_90).
 pub fn compute_capability(device: i32) -> Result<u32> {
     let (major, _) = device_properties(device)?;
-    let dev = result::device::get(device).map_err(cuda("cuDeviceGet"))?;
-    let attribute = sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR;
-    // SAFETY: `dev` is a device of this driver (initialised by device_properties); a plain integer.
-    let minor = unsafe { result::device::get_attribute(dev, attribute) }.map_err(cuda("cuDeviceGetAttribute"))?;
+    let minor = device_attribute(device, sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
     Ok((major * 10 + minor) as u32)
 }
 
 /// Whether `stream` is being captured into a CUDA graph.
 pub fn is_capturing(stream: Stream) -> Result<bool> {
     driver()?;
-    // SAFETY: `stream` is the caller's stream of the current context.
-    let status = unsafe { result::stream::is_capturing(stream.raw()) }.map_err(cuda("cuStreamIsCapturing"))?;
-    Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+    let mut status = 0u32;
+    // SAFETY: `stream` is the caller's stream of the current context; the status is read as a
+    // number (a newer driver's value is not undefined behaviour).
+    unsafe { driver::cuStreamIsCapturing(stream.raw(), &mut status) }?;
+    Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE as u32)
 }
 
 /// A loaded module's kernel, usable from any thread.
@@ -227,8 +242,10 @@ impl Function {
     /// compiled at load, the PTX's: which `__CUDA_ARCH__` branches the kernel has.
     pub fn ptx_version(&self) -> Result<i32> {
         let attribute = sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PTX_VERSION;
-        // SAFETY: a live function handle of a loaded module.
-        unsafe { result::function::get_function_attribute(self.0, attribute) }.map_err(cuda("cuFuncGetAttribute"))
+        let mut version = 0;
+        // SAFETY: a live function handle of a loaded module; a plain integer.
+        unsafe { driver::cuFuncGetAttribute(&mut version, attribute, self.0) }?;
+        Ok(version)
     }
 }
 
@@ -237,9 +254,10 @@ impl Function {
 /// not found.
 pub fn load_module(image: &[u8], names: &[String], defined: &[&str]) -> Result<Vec<Option<Function>>> {
     driver()?;
+    let mut module: sys::CUmodule = std::ptr::null_mut();
     // SAFETY: `image` is a complete fatbin (embedded at build time); the module is never
     // unloaded, so the functions stay valid for the life of the process.
-    let module = unsafe { result::module::load_data(image.as_ptr().cast()) }.map_err(cuda("cuModuleLoadData"))?;
+    unsafe { driver::cuModuleLoadData(&mut module, image.as_ptr().cast()) }?;
     names
         .iter()
         .map(|name| {
@@ -247,11 +265,12 @@ pub fn load_module(image: &[u8], names: &[String], defined: &[&str]) -> Result<V
                 return Ok(None);
             }
             let c_name = std::ffi::CString::new(name.as_str()).map_err(|_| Error::NoKernel(name.clone()))?;
+            let mut f: sys::CUfunction = std::ptr::null_mut();
             // SAFETY: a loaded module and a NUL-terminated name.
-            match unsafe { result::module::get_function(module, c_name) } {
-                Ok(f) => Ok(Some(Function(f))),
-                Err(result::DriverError(sys::CUresult::CUDA_ERROR_NOT_FOUND)) => Ok(None),
-                Err(e) => Err(cuda("cuModuleGetFunction")(e)),
+            match unsafe { driver::cuModuleGetFunction(&mut f, module, c_name.as_ptr()) } {
+                Ok(()) => Ok(Some(Function(f))),
+                Err(Error::Cuda { code: driver::ERROR_NOT_FOUND, .. }) => Ok(None),
+                Err(e) => Err(e),
             }
         })
         .collect()
@@ -281,16 +300,17 @@ pub unsafe fn launch<P>(f: Function, grid: u32, block: u32, stream: Stream, para
         numAttrs: pdl as u32,
     };
     let mut args = [params as *const P as *mut std::ffi::c_void];
-    // SAFETY: the caller's contract; cudarc's result layer has no cuLaunchKernelEx.
-    unsafe { sys::cuLaunchKernelEx(&config, f.0, args.as_mut_ptr(), std::ptr::null_mut()) }
-        .result()
-        .map_err(cuda("cuLaunchKernelEx"))
+    // SAFETY: the caller's contract.
+    unsafe { driver::cuLaunchKernelEx(&config, f.0, args.as_mut_ptr(), std::ptr::null_mut()) }
 }
 
 /// Number of CUDA devices this process sees.
 pub fn device_count() -> Result<i32> {
     driver()?;
-    result::device::get_count().map_err(cuda("cuDeviceGetCount"))
+    let mut count = 0;
+    // SAFETY: a valid out-pointer.
+    unsafe { driver::cuDeviceGetCount(&mut count) }?;
+    Ok(count)
 }
 
 /// The IPC handle of an allocation of the current context (64 opaque bytes).
@@ -298,7 +318,7 @@ pub fn ipc_handle(ptr: DevicePtr) -> Result<[u8; 64]> {
     // SAFETY: CUipcMemHandle is 64 plain bytes; all zeros is a valid value.
     let mut handle: sys::CUipcMemHandle = unsafe { std::mem::zeroed() };
     // SAFETY: ptr is a cuMemAlloc allocation of the current context; valid out-pointer.
-    unsafe { sys::cuIpcGetMemHandle(&mut handle, ptr.0) }.result().map_err(cuda("cuIpcGetMemHandle"))?;
+    unsafe { driver::cuIpcGetMemHandle(&mut handle, ptr.0) }?;
     Ok(handle.reserved.map(|c| c as u8))
 }
 
@@ -324,8 +344,8 @@ pub fn device_memory(ptr: DevicePtr) -> Option<(i32, bool)> {
     ];
     // SAFETY: four attributes, each with an out-pointer at least as large as its value; an
     // unknown pointer is not an error here, it leaves the defaults (memory type 0).
-    let status = unsafe { sys::cuPointerGetAttributes(4, attributes.as_mut_ptr(), data.as_mut_ptr(), ptr.0) };
-    if status != sys::CUresult::CUDA_SUCCESS || kind != sys::CUmemorytype::CU_MEMORYTYPE_DEVICE as u32 || device < 0 {
+    let status = unsafe { driver::cuPointerGetAttributes(4, attributes.as_mut_ptr(), data.as_mut_ptr(), ptr.0) };
+    if status.is_err() || kind != sys::CUmemorytype::CU_MEMORYTYPE_DEVICE as u32 || device < 0 {
         return None;
     }
     let primary = plain != 0 && primary_context(device).is_ok_and(|c| c as usize == context);
@@ -347,7 +367,7 @@ impl IpcMapping {
         let mut ptr: sys::CUdeviceptr = 0;
         let flags = sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32;
         // SAFETY: valid out-pointer; the driver validates the handle.
-        unsafe { sys::cuIpcOpenMemHandle_v2(&mut ptr, h, flags) }.result().map_err(cuda("cuIpcOpenMemHandle"))?;
+        unsafe { driver::cuIpcOpenMemHandle_v2(&mut ptr, h, flags) }?;
         Ok(IpcMapping { ptr: DevicePtr(ptr) })
     }
 
@@ -359,9 +379,9 @@ impl IpcMapping {
 impl Drop for IpcMapping {
     fn drop(&mut self) {
         // SAFETY: the mapping is ours; synchronizing first lets launched work finish.
-        let closed = result::ctx::synchronize().and_then(|()| unsafe { sys::cuIpcCloseMemHandle(self.ptr.0) }.result());
+        let closed = synchronize().and_then(|()| unsafe { driver::cuIpcCloseMemHandle(self.ptr.0) });
         if let Err(e) = closed {
-            crate::log::warning(&format!("unmapping a peer workspace: {}", cuda("cuIpcCloseMemHandle")(e)));
+            crate::log::warning(&format!("unmapping a peer workspace: {e}"));
         }
     }
 }
@@ -374,15 +394,18 @@ pub fn with_scratch_stream<T>(
     read: impl FnOnce(DevicePtr) -> Result<T>,
 ) -> Result<T> {
     driver()?;
-    let stream = result::stream::create(result::stream::StreamKind::NonBlocking).map_err(cuda("cuStreamCreate"))?;
+    let mut stream: sys::CUstream = std::ptr::null_mut();
+    let non_blocking = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32;
+    // SAFETY: a valid out-pointer; the stream is destroyed below.
+    unsafe { driver::cuStreamCreate(&mut stream, non_blocking) }?;
     let outcome = DeviceBuffer::zeroed(bytes).and_then(|scratch| {
         enqueue(Stream(stream as usize), scratch.ptr())
             // SAFETY: the stream is ours.
-            .and_then(|()| unsafe { result::stream::synchronize(stream) }.map_err(cuda("cuStreamSynchronize")))
+            .and_then(|()| unsafe { driver::cuStreamSynchronize(stream) })
             .and_then(|()| read(scratch.ptr()))
     });
     // SAFETY: no work is left on the stream (synchronized, or nothing was enqueued).
-    let _ = unsafe { result::stream::destroy(stream) };
+    let _ = unsafe { driver::cuStreamDestroy_v2(stream) };
     outcome
 }
 
@@ -393,20 +416,20 @@ pub fn with_scratch_stream<T>(
 pub fn mapped_host_page(bytes: usize) -> Result<usize> {
     driver()?;
     let flags = sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP;
+    let mut host: *mut std::ffi::c_void = std::ptr::null_mut();
     // SAFETY: allocates `bytes`; the page is owned by the caller from here on.
-    let host = unsafe { result::malloc_host(bytes, flags) }.map_err(cuda("cuMemHostAlloc"))?;
+    unsafe { driver::cuMemHostAlloc(&mut host, bytes, flags) }?;
     // SAFETY: the allocation holds `bytes` bytes.
     unsafe { std::ptr::write_bytes(host.cast::<u8>(), 0, bytes) };
     let mut device: sys::CUdeviceptr = 0;
     // SAFETY: a device-mapped allocation of this process; valid out-pointer.
-    let mapped = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device, host, 0) }.result();
+    let mapped = unsafe { driver::cuMemHostGetDevicePointer_v2(&mut device, host, 0) };
     match mapped {
         Ok(()) if device == host as u64 => Ok(host as usize),
         other => {
             // SAFETY: the allocation above, unused.
-            let _ = unsafe { result::free_host(host) };
-            let e = other.err().unwrap_or(result::DriverError(sys::CUresult::CUDA_ERROR_NOT_SUPPORTED));
-            Err(cuda("cuMemHostGetDevicePointer (unified addressing)")(e))
+            let _ = unsafe { driver::cuMemFreeHost(host) };
+            Err(other.err().unwrap_or(Error::DriverLacks("unified addressing (a device pointer equal to the host pointer)")))
         }
     }
 }
@@ -419,27 +442,13 @@ pub fn tie_to_capture<T: Send + 'static>(stream: Stream, value: T) -> Result<boo
     if !is_capturing(stream)? {
         return Ok(false);
     }
-    type CaptureInfo = unsafe extern "C" fn(
-        sys::CUstream,
-        *mut sys::CUstreamCaptureStatus,
-        *mut sys::cuuint64_t,
-        *mut sys::CUgraph,
-        *mut *const sys::CUgraphNode,
-        *mut *const sys::CUgraphEdgeData,
-        *mut usize,
-    ) -> sys::CUresult;
-    // Looked up here rather than through cudarc, which panics on a driver without it (< 12.3).
-    // SAFETY: the driver's function of this signature, if it has it.
-    let info = unsafe { sys::culib().get::<CaptureInfo>(b"cuStreamGetCaptureInfo_v3\0") }
-        .map_err(|_| Error::DriverLacks("cuStreamGetCaptureInfo_v3 (CUDA 12.3)"))?;
-    let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    let mut status = 0u32;
     let mut graph: sys::CUgraph = std::ptr::null_mut();
     let none = std::ptr::null_mut();
-    // SAFETY: the caller's stream of the current context; the optional outputs are null.
-    unsafe { info(stream.raw(), &mut status, none, &mut graph, none.cast(), none.cast(), none.cast()) }
-        .result()
-        .map_err(cuda("cuStreamGetCaptureInfo"))?;
-    if status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE {
+    // SAFETY: the caller's stream of the current context; the optional outputs are null. A
+    // driver older than 12.3 lacks the function: an error, not a panic.
+    unsafe { driver::cuStreamGetCaptureInfo_v3(stream.raw(), &mut status, none, &mut graph, none.cast(), none.cast(), none.cast()) }?;
+    if status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE as u32 {
         return Ok(false);
     }
     unsafe extern "C" fn release<T>(value: *mut std::ffi::c_void) {
@@ -453,17 +462,17 @@ pub fn tie_to_capture<T: Send + 'static>(stream: Stream, value: T) -> Result<boo
     let mut object: sys::CUuserObject = std::ptr::null_mut();
     let flags = sys::CUuserObject_flags::CU_USER_OBJECT_NO_DESTRUCTOR_SYNC as u32;
     // SAFETY: the user object owns `boxed` from here on; `release` frees it exactly once.
-    if let Err(e) = unsafe { sys::cuUserObjectCreate(&mut object, boxed, Some(release::<T>), 1, flags) }.result() {
+    if let Err(e) = unsafe { driver::cuUserObjectCreate(&mut object, boxed, Some(release::<T>), 1, flags) } {
         // SAFETY: not handed over: still ours.
         drop(unsafe { Box::from_raw(boxed.cast::<T>()) });
-        return Err(cuda("cuUserObjectCreate")(e));
+        return Err(e);
     }
     let moved = sys::CUuserObjectRetain_flags::CU_GRAPH_USER_OBJECT_MOVE as u32;
     // SAFETY: the graph being captured; our one reference moves to it.
-    if let Err(e) = unsafe { sys::cuGraphRetainUserObject(graph, object, 1, moved) }.result() {
+    if let Err(e) = unsafe { driver::cuGraphRetainUserObject(graph, object, 1, moved) } {
         // SAFETY: our reference: releasing it runs `release` (the value is dropped).
-        let _ = unsafe { sys::cuUserObjectRelease(object, 1) };
-        return Err(cuda("cuGraphRetainUserObject")(e));
+        let _ = unsafe { driver::cuUserObjectRelease(object, 1) };
+        return Err(e);
     }
     Ok(true)
 }
@@ -471,7 +480,8 @@ pub fn tie_to_capture<T: Send + 'static>(stream: Stream, value: T) -> Result<boo
 /// Waits for the current context's work (setup and teardown only).
 pub fn synchronize() -> Result<()> {
     driver()?;
-    result::ctx::synchronize().map_err(cuda("cuCtxSynchronize"))
+    // SAFETY: no arguments.
+    unsafe { driver::cuCtxSynchronize() }
 }
 
 /// Writes the 32-bit word at `ptr` (a device address of the current context), synchronously
@@ -479,15 +489,15 @@ pub fn synchronize() -> Result<()> {
 pub fn write_word(ptr: DevicePtr, value: u32) -> Result<()> {
     driver()?;
     // SAFETY: the caller's device word.
-    unsafe { sys::cuMemsetD32_v2(ptr.0, value, 1) }.result().map_err(cuda("cuMemsetD32"))
+    unsafe { driver::cuMemsetD32_v2(ptr.0, value, 1) }
 }
 
 /// Host-to-device and device-to-host copies of setup-time scratch (synchronous).
 pub fn copy_to_device(dst: DevicePtr, src: &[u8]) -> Result<()> {
     // SAFETY: dst holds at least src.len() bytes (the caller's scratch).
-    unsafe { result::memcpy_htod_sync(dst.0, src) }.map_err(cuda("cuMemcpyHtoD"))
+    unsafe { driver::cuMemcpyHtoD_v2(dst.0, src.as_ptr().cast(), src.len()) }
 }
 pub fn copy_to_host(dst: &mut [u8], src: DevicePtr) -> Result<()> {
     // SAFETY: src holds at least dst.len() bytes (the caller's scratch).
-    unsafe { result::memcpy_dtoh_sync(dst, src.0) }.map_err(cuda("cuMemcpyDtoH"))
+    unsafe { driver::cuMemcpyDtoH_v2(dst.as_mut_ptr().cast(), src.0, dst.len()) }
 }
