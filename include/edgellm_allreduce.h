@@ -50,7 +50,8 @@ bool edgellmAllReduceSetupWorkspaces(int deviceId);
 // than `EDGELLM_ALLREDUCE_TIMEOUT_MS` and gave up (a rank did not launch its part of a call);
 // 2 (`EAR_FAULT_ABORTED`) a kernel found its group aborted by a peer that gave up, and did not
 // run; 3 (`EAR_FAULT_RELEASED`) a kernel of a released group ran (a CUDA graph captured before
-// the release was replayed) and did not run. Whatever the code, that call's output is wrong,
+// the release was replayed) and did not run. Whatever the code, that call's outputs are NaN
+// (every element: a failed call never looks like a result, though its stream shows no error),
 // and after 1 or 2 the device's all-reduces fail until `edgellmAllReduceReleaseWorkspaces`
 // (then NCCL) or `edgellmAllReduceSetupWorkspaces` on every rank. The kernels write the code
 // into host memory: this reads it without synchronizing, at any time (e.g. after a stream
@@ -61,8 +62,8 @@ int edgellmAllReduceLastError(int deviceId);
 // in this process goes back to NCCL, after its devices finished their work. Call it on every
 // rank's device at the same point of the call sequence (before tearing the runtime down if you
 // do not unregister the communicators, which does it too; after a failure, to go on with NCCL).
-// A CUDA graph captured before keeps the memory until it is destroyed; a replay then does
-// nothing and reports fault 3 (`edgellmAllReduceLastError`). The memory is freed at the next
+// A CUDA graph captured before keeps the memory until it is destroyed; a replay then only
+// fills its outputs with NaN and reports fault 3 (`edgellmAllReduceLastError`). The memory is freed at the next
 // registration, unregistration, setup or release call after the last such graph is destroyed.
 // Returns false when the device had no group.
 bool edgellmAllReduceReleaseWorkspaces(int deviceId);

@@ -137,9 +137,15 @@ pub const FUSED_AUTO_TABLE: RankTable<FusedChoice> = &[
     ),
 ];
 
-/// AUTO's table for the fused op when every rank is on one device: the fused one-shot from the
-/// Lamport bound up (simulation, 4 / 8 ranks, 2-8 MiB: 23.2-79.4 / 49.7-164 us against our
-/// all-reduce then the norm kernel's 26.0-90.4 / 50.3-165; docs/runs/2026-12-01-h200-perf48-c2.txt).
+/// AUTO's tables for the fused op when every rank is on one device, for rows of up to 4096
+/// elements and for wider rows: measured on one H200 with simulated ranks, every fused family
+/// against the plain all-reduce then the norm kernel (the split path), at 2, 4 and 8 ranks, bf16,
+/// decode shapes 1-512 x 4096 and 8192 (docs/runs/2026-12-03-h200-fused-auto.txt). Since the
+/// one-shot reads its peers' inputs in place at 4+ ranks (and the fused one-shot copies), the
+/// split path wins for wide rows from 512 KiB at 4 ranks (10.1 against 11.0 us at 32 x 8192, 22.4
+/// against 24.2 at 128 x 8192) and from 16 KiB at 8 (10.9 against 12.2 at 1 x 8192, 46.2 against
+/// 49.7 at 128 x 8192); for rows of 4096 the fused kernels stay ahead (15.3 against 16.2 at 4
+/// ranks, 128 x 4096). Wider than 4096 was measured at 8192 only.
 pub const ONE_DEVICE_FUSED_AUTO_TABLE: RankTable<FusedChoice> = &[
     (
         2,
@@ -160,12 +166,44 @@ pub const ONE_DEVICE_FUSED_AUTO_TABLE: RankTable<FusedChoice> = &[
     (
         16,
         &[
-            (8 << 10, FusedChoice::Fused(Family::Lamport)),
+            (64 << 10, FusedChoice::Fused(Family::Lamport)),
             (16 << 20, FusedChoice::Fused(Family::OneShot)),
             (u64::MAX, FusedChoice::Nccl),
         ],
     ),
 ];
+
+/// [`ONE_DEVICE_FUSED_AUTO_TABLE`] for rows wider than [`NARROW_ROW`] elements.
+pub const ONE_DEVICE_FUSED_AUTO_TABLE_WIDE: RankTable<FusedChoice> = &[
+    (
+        2,
+        &[
+            (1 << 20, FusedChoice::Fused(Family::Lamport)),
+            (16 << 20, FusedChoice::Fused(Family::OneShot)),
+            (u64::MAX, FusedChoice::Nccl),
+        ],
+    ),
+    (
+        4,
+        &[
+            (256 << 10, FusedChoice::Fused(Family::Lamport)),
+            (16 << 20, FusedChoice::Split(Family::OneShot)),
+            (u64::MAX, FusedChoice::Nccl),
+        ],
+    ),
+    (
+        16,
+        &[
+            (64 << 10, FusedChoice::Split(Family::Lamport)),
+            (512 << 10, FusedChoice::Split(Family::OneShot)),
+            (16 << 20, FusedChoice::Split(Family::TwoShot)),
+            (u64::MAX, FusedChoice::Nccl),
+        ],
+    ),
+];
+
+/// The widest row (hidden size, elements) of the one-device fused tables' narrow class.
+pub const NARROW_ROW: u32 = 4096;
 
 fn row_of<T: Copy>(table: RankTable<T>, nranks: i32, bytes: u64) -> Option<T> {
     let row = table.iter().find(|(n, _)| nranks <= *n).unwrap_or(&table[table.len() - 1]).1;
@@ -176,7 +214,12 @@ fn row_of<T: Copy>(table: RankTable<T>, nranks: i32, bytes: u64) -> Option<T> {
 /// every rank on one device (the tables measured so).
 fn auto_choice(nranks: i32, message: &Message, one_device: bool) -> FusedChoice {
     if message.rows.is_some() {
-        let table = if one_device { ONE_DEVICE_FUSED_AUTO_TABLE } else { FUSED_AUTO_TABLE };
+        let wide = message.rows.is_some_and(|(_, hidden)| hidden > NARROW_ROW);
+        let table = match (one_device, wide) {
+            (false, _) => FUSED_AUTO_TABLE,
+            (true, false) => ONE_DEVICE_FUSED_AUTO_TABLE,
+            (true, true) => ONE_DEVICE_FUSED_AUTO_TABLE_WIDE,
+        };
         row_of(table, nranks, message.bytes).unwrap_or(FusedChoice::Nccl)
     } else {
         let table = if one_device { ONE_DEVICE_AUTO_TABLE } else { AUTO_TABLE };
