@@ -23,8 +23,11 @@ fn forward(function: &'static str, call: impl FnOnce(&overlay::BaseApi) -> Optio
 
 /// Registers the NCCL communicator that AllReducePlugin instances running on CUDA device
 /// `deviceId` use, and the address of `ncclAllReduce` from the NCCL library the runtime loaded.
-/// Replaces an earlier registration of the same device. Returns false (and logs why) for a
-/// negative device id or a null pointer.
+/// Replaces an earlier registration of the same device. With an overlay base (Edge-LLM's own
+/// library, whose other plugins read its own registry) the two libraries stay in step: the
+/// result is true when both hold the registration, false (and logged why) when neither does
+/// (a negative device id or a null pointer, refused here; or the base refused it, and then
+/// this library did not store it either).
 #[no_mangle]
 #[allow(non_snake_case)]
 // A C entry point: the pointers are the caller's, passed on to the base unread.
@@ -37,6 +40,12 @@ pub extern "C" fn edgellmRegisterNcclCommForAllReducePlugin(
     guard("edgellmRegisterNcclCommForAllReducePlugin", || {
         reclaim::free_released_memory();
         let registration = registry::Registration { comm: Comm(ncclComm as usize), all_reduce: ncclAllReduceFunction as usize };
+        // Ours checked first, the base asked next, ours stored last: both or neither.
+        registry::check_registration(deviceId, registration.comm, registration.all_reduce)?;
+        forward("edgellmRegisterNcclCommForAllReducePlugin", |base| {
+            // SAFETY: the base's function has this C signature; the arguments are the caller's.
+            base.register_nccl.map(|f| unsafe { f(deviceId, ncclComm, ncclAllReduceFunction) })
+        })?;
         registry::register(deviceId, registration.comm, registration.all_reduce)?;
         // Forms the custom-kernel group once all of the communicator's ranks are registered
         // here. The registration stands whatever happens there (a failure leaves NCCL, logged).
@@ -44,16 +53,15 @@ pub extern "C" fn edgellmRegisterNcclCommForAllReducePlugin(
             groups::on_register(deviceId, registration, false);
             Ok(())
         });
-        forward("edgellmRegisterNcclCommForAllReducePlugin", |base| {
-            // SAFETY: the base's function has this C signature; the arguments are the caller's.
-            base.register_nccl.map(|f| unsafe { f(deviceId, ncclComm, ncclAllReduceFunction) })
-        })
+        Ok(())
     })
     .is_ok()
 }
 
 /// Removes the registration of `deviceId` if it holds exactly `ncclComm`. Returns false (and
-/// logs why) otherwise. The base (Edge-LLM's library, when the overlay has one) is asked too.
+/// logs why) otherwise. The base (Edge-LLM's library, when the overlay has one) is asked too,
+/// in step: true when both removed it, false when neither did (this library's registration
+/// is kept when the base refuses).
 #[no_mangle]
 #[allow(non_snake_case)]
 // A C entry point: the pointers are the caller's, passed on to the base unread.
@@ -61,15 +69,14 @@ pub extern "C" fn edgellmRegisterNcclCommForAllReducePlugin(
 pub extern "C" fn edgellmUnregisterNcclCommForAllReducePlugin(deviceId: c_int, ncclComm: *mut c_void) -> bool {
     guard("edgellmUnregisterNcclCommForAllReducePlugin", || {
         reclaim::free_released_memory();
-        let ours = registry::unregister(deviceId, Comm(ncclComm as usize));
-        if ours.is_ok() {
-            groups::forget(deviceId);
-        }
-        let base = forward("edgellmUnregisterNcclCommForAllReducePlugin", |base| {
+        registry::check_unregistration(deviceId, Comm(ncclComm as usize))?;
+        forward("edgellmUnregisterNcclCommForAllReducePlugin", |base| {
             // SAFETY: the base's function has this C signature; the arguments are the caller's.
             base.unregister_nccl.map(|f| unsafe { f(deviceId, ncclComm) })
-        });
-        ours.and(base)
+        })?;
+        registry::unregister(deviceId, Comm(ncclComm as usize))?;
+        groups::forget(deviceId);
+        Ok(())
     })
     .is_ok()
 }

@@ -36,8 +36,8 @@ pub enum Error {
     #[error("null tensor address (inputs {inputs:x?}, outputs {outputs:x?})")]
     NullTensor { inputs: Vec<usize>, outputs: Vec<usize> },
 
-    #[error("the fused residual + RMSNorm all-reduce needs 16-byte aligned tensors")]
-    Unaligned,
+    #[error("the fused residual + RMSNorm all-reduce needs 16-byte aligned tensors; not aligned: {0}")]
+    Unaligned(String),
 
     // Registration (the C ABI).
     #[error("cannot register a communicator for negative CUDA device id {0}")]
@@ -123,7 +123,7 @@ pub enum Error {
     #[error("{function} is served by Edge-LLM's own plugin library (the overlay's base), which cannot serve it: {why}")]
     BaseUnavailable { function: &'static str, why: String },
 
-    #[error("Edge-LLM's plugin library {path} refused {function}")]
+    #[error("Edge-LLM's plugin library {path} refused {function}: neither library holds the change (they stay in step)")]
     BaseRefused { function: &'static str, path: String },
 
     #[error("internal error (a Rust panic was caught at the API boundary): {0}")]

@@ -1,15 +1,24 @@
 //! Logging: through the TensorRT logger when the process gave us one (`initEdgellmPlugins`,
 //! `setLoggerFinder`; the C++ side knows the TensorRT 10/11 layouts), else to stderr, filtered by
 //! `EDGELLM_ALLREDUCE_LOG_LEVEL` (error, warning, info, verbose; default warning; `crate::config`).
-//! Errors and warnings that repeat are counted, not repeated: a runtime that retries a failing
-//! call in a loop gets its first nine lines, then one with the count at the 10th, 100th, ...
+//! Errors, warnings and info lines that repeat are counted, not repeated: a runtime that retries
+//! a failing call in a loop, or registers and unregisters in one, gets a kind's first nine
+//! lines, then one with the count at the 10th, 100th, ... The state is bounded whatever is
+//! logged: a kind is remembered by a 64-bit hash of its text, at most [`KINDS`] of them, and a
+//! line longer than [`MAX_LINE`] bytes (a 1 MiB field name quoted in an error) is cut, with
+//! its length said.
 
 pub use crate::config::Severity;
 use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
 use std::sync::Mutex;
 
+/// The longest line logged, in bytes; longer ones are cut at a character boundary.
+pub const MAX_LINE: usize = 2048;
+
 pub fn log(severity: Severity, message: &str) {
-    let Some(message) = (if severity <= Severity::Warning { counted(message) } else { Some(message.to_owned()) }) else { return };
+    let message = truncated(message);
+    let Some(message) = (if severity <= Severity::Info { counted(&message) } else { Some(message) }) else { return };
     let line = format!("[edgellm-allreduce] {message}");
     if !crate::ffi::trt_log(severity as i32, &line) && severity <= crate::config::get().log_level {
         // Not eprintln!: it panics when stderr is closed, and logging must never panic.
@@ -18,19 +27,32 @@ pub fn log(severity: Severity, message: &str) {
     }
 }
 
-/// Kinds of message remembered (then forgotten all at once): the memory stays bounded.
+/// `message`, cut to [`MAX_LINE`] bytes with its length said when it is longer.
+fn truncated(message: &str) -> String {
+    if message.len() <= MAX_LINE {
+        return message.to_owned();
+    }
+    let mut end = MAX_LINE;
+    while !message.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}... [cut: the line is {} bytes]", &message[..end], message.len())
+}
+
+/// Kinds of message remembered (then forgotten all at once): with 8-byte keys, the memory
+/// stays a few tens of KiB.
 const KINDS: usize = 1024;
 
 /// What a repeated message becomes: itself the first nine times, itself with its count at the
 /// 10th, 100th, ... time, nothing otherwise.
 fn counted(message: &str) -> Option<String> {
-    static SEEN: Mutex<Option<HashMap<String, u64>>> = Mutex::new(None);
+    static SEEN: Mutex<Option<HashMap<u64, u64>>> = Mutex::new(None);
     let mut guard = SEEN.lock().unwrap_or_else(|p| p.into_inner());
     let seen = guard.get_or_insert_with(HashMap::new);
     if seen.len() >= KINDS {
         seen.clear();
     }
-    let count = seen.entry(kind(message)).or_insert(0);
+    let count = seen.entry(kind_key(message)).or_insert(0);
     *count += 1;
     match *count {
         1..=9 => Some(message.to_owned()),
@@ -44,6 +66,13 @@ fn is_power_of_ten(mut n: u64) -> bool {
         n /= 10;
     }
     n == 1
+}
+
+/// The key of a message's kind: a hash of [`kind`] (fixed keys: the same kind, the same key).
+fn kind_key(message: &str) -> u64 {
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    kind(message).hash(&mut hasher);
+    hasher.finish()
 }
 
 /// A message's kind: the message with every word that holds a digit (a count, an address, a
@@ -101,6 +130,27 @@ mod tests {
         assert!(lines[9].ends_with("[10 times so far: repeats are counted, not logged]"), "{}", lines[9]);
         assert!(lines[13].ends_with("[100000 times so far: repeats are counted, not logged]"), "{}", lines[13]);
         assert!(counted("log test: another error").is_some(), "another kind is logged");
+    }
+
+    #[test]
+    fn long_lines_are_cut_with_their_length_and_keys_stay_small() {
+        let huge = format!("unknown plugin field '{}'", "x".repeat(1 << 20));
+        let line = truncated(&huge);
+        assert!(line.len() < MAX_LINE + 64 && line.ends_with(&format!("[cut: the line is {} bytes]", huge.len())), "{}", &line[line.len() - 60..]);
+        let multibyte = "é".repeat(MAX_LINE);
+        assert!(truncated(&multibyte).starts_with("éé"), "cut at a character boundary");
+        assert_eq!(truncated("short"), "short");
+        // 2,000 distinct 256 KiB kinds: the table keeps at most KINDS 8-byte keys.
+        for i in 0..2000u32 {
+            let _ = counted(&format!("log test: field '{}{}'", "y".repeat(256 << 10), char::from_u32(0x4e00 + i).unwrap()));
+        }
+        let _ = counted("log test: probe");
+    }
+
+    #[test]
+    fn an_info_churn_is_counted_too() {
+        let lines = (0..1000).filter(|_| counted("log test: device 0: communicator 0x1 replaces 0x2").is_some()).count();
+        assert_eq!(lines, 9 + 3, "1 to 9, then 10, 100, 1000");
     }
 
     #[test]

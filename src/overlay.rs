@@ -168,6 +168,9 @@ fn open(source: &Source, own: usize) -> std::result::Result<Base, String> {
             (path, library)
         }
         Source::Configured(path) | Source::Beside(path) => {
+            if let Some(why) = not_a_library_file(path) {
+                return Err(why);
+            }
             if let (Some(needed), Some(loaded)) = (needed_tensorrt(path), loaded_tensorrt()) {
                 if needed != loaded {
                     return Err(format!(
@@ -213,18 +216,91 @@ fn is_the_program(file: &Path) -> bool {
     std::env::current_exe().ok().and_then(|exe| canonical(&exe)).is_some_and(|exe| canonical(file) == Some(exe))
 }
 
+/// Why `path` cannot be a base without even opening it: it is not there, or not a regular file
+/// (a FIFO would block the loader, a device such as /dev/zero never ends, a directory is none).
+fn not_a_library_file(path: &Path) -> Option<String> {
+    match std::fs::metadata(path) {
+        Err(e) => Some(format!("Edge-LLM's plugin library {} cannot be read: {e}", path.display())),
+        Ok(m) if !m.is_file() => Some(format!(
+            "Edge-LLM's plugin library {} is not a regular file (a directory, FIFO, socket or device): not loaded, \
+             only AllReducePlugin is served",
+            path.display()
+        )),
+        Ok(_) => None,
+    }
+}
+
 /// The TensorRT runtime a library file needs (its `libnvinfer.so.N` DT_NEEDED entry), read
 /// without loading it; None if it needs none or is not an ELF file.
 fn needed_tensorrt(path: &Path) -> Option<String> {
-    let data = std::fs::read(path).ok()?;
-    let file = object::read::elf::ElfFile64::<object::Endianness>::parse(&*data).ok()?;
-    let table = file.elf_section_table().dynamic_table(file.endian(), &*data).ok()?;
-    table
+    elf_needed(path)?.into_iter().find(|name| name.starts_with("libnvinfer.so."))
+}
+
+/// The DT_NEEDED names of a 64-bit little-endian ELF file (x86-64 and aarch64, the library's
+/// targets), reading only its header, program headers, dynamic segment and the names: a few KiB
+/// whatever the file's size, each read bounded. None for anything else, or a malformed file.
+fn elf_needed(path: &Path) -> Option<Vec<String>> {
+    use std::io::{Read, Seek, SeekFrom};
+    use std::os::unix::fs::OpenOptionsExt;
+    const PT_LOAD: u32 = 1;
+    const PT_DYNAMIC: u32 = 2;
+    const DT_NEEDED: u64 = 1;
+    const DT_STRTAB: u64 = 5;
+    // Non-blocking: a FIFO that slipped past the metadata check still cannot block the open.
+    let mut file = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path).ok()?;
+    if !file.metadata().ok()?.is_file() {
+        return None;
+    }
+    let mut read_at = |offset: u64, len: u64| -> Option<Vec<u8>> {
+        let mut buffer = vec![0u8; usize::try_from(len).ok()?];
+        file.seek(SeekFrom::Start(offset)).ok()?;
+        file.read_exact(&mut buffer).ok()?;
+        Some(buffer)
+    };
+    let u16_at = |b: &[u8], at: usize| Some(u16::from_le_bytes(b.get(at..at + 2)?.try_into().ok()?));
+    let u32_at = |b: &[u8], at: usize| Some(u32::from_le_bytes(b.get(at..at + 4)?.try_into().ok()?));
+    let u64_at = |b: &[u8], at: usize| Some(u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?));
+    let header = read_at(0, 64)?;
+    if header[..4] != *b"\x7fELF" || header[4] != 2 || header[5] != 1 {
+        return None; // not ELF, not 64-bit, not little-endian
+    }
+    let (phoff, phentsize, phnum) = (u64_at(&header, 0x20)?, u16_at(&header, 0x36)? as u64, u16_at(&header, 0x38)? as u64);
+    if phentsize < 56 || phnum == 0 || phnum > 256 {
+        return None;
+    }
+    let phdrs = read_at(phoff, phentsize * phnum)?;
+    // (type, file offset, virtual address, size in the file) of each program header.
+    let segments: Vec<(u32, u64, u64, u64)> = (0..phnum as usize)
+        .filter_map(|i| {
+            let at = i * phentsize as usize;
+            Some((u32_at(&phdrs, at)?, u64_at(&phdrs, at + 8)?, u64_at(&phdrs, at + 16)?, u64_at(&phdrs, at + 32)?))
+        })
+        .collect();
+    let &(_, dyn_offset, _, dyn_size) = segments.iter().find(|s| s.0 == PT_DYNAMIC)?;
+    let dynamic = read_at(dyn_offset, dyn_size.min(64 << 10))?;
+    let entries: Vec<(u64, u64)> =
+        dynamic.chunks_exact(16).map_while(|e| Some((u64_at(e, 0)?, u64_at(e, 8)?))).take_while(|e| e.0 != 0).collect();
+    let strtab = entries.iter().find(|e| e.0 == DT_STRTAB)?.1;
+    // The string table's file offset: through the loadable segment that holds its address.
+    let &(_, load_offset, load_address, _) =
+        segments.iter().find(|s| s.0 == PT_LOAD && s.2 <= strtab && strtab - s.2 < s.3)?;
+    let strtab_offset = strtab - load_address + load_offset;
+    let names = entries
         .iter()
-        .filter(|entry| entry.tag == object::elf::DT_NEEDED)
-        .filter_map(|entry| table.string(entry).ok())
-        .map(|name| String::from_utf8_lossy(name).into_owned())
-        .find(|name| name.starts_with("libnvinfer.so."))
+        .filter(|e| e.0 == DT_NEEDED)
+        .take(256)
+        .filter_map(|&(_, name)| {
+            // A library name is short: 256 bytes, or up to the end of the file.
+            let offset = strtab_offset.checked_add(name)?;
+            let mut bytes = Vec::with_capacity(256);
+            let mut f = std::fs::File::open(path).ok()?;
+            f.seek(SeekFrom::Start(offset)).ok()?;
+            f.take(256).read_to_end(&mut bytes).ok()?;
+            let end = bytes.iter().position(|&b| b == 0)?;
+            Some(String::from_utf8_lossy(&bytes[..end]).into_owned())
+        })
+        .collect();
+    Some(names)
 }
 
 /// The TensorRT runtime already in the process, by soname (loaded globally or not).
@@ -314,6 +390,52 @@ mod tests {
         let libc_path = loader::object_of(libc::malloc as *const () as usize).unwrap().0;
         assert_eq!(needed_tensorrt(&libc_path), None);
         assert_eq!(needed_tensorrt(Path::new("/nonexistent/lib.so")), None);
+    }
+
+    #[test]
+    fn what_is_not_a_regular_file_is_refused_before_it_is_opened() {
+        let dir = std::env::temp_dir().join(format!("overlay-kinds-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let fifo = dir.join("libfifo.so");
+        let c_fifo = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c_fifo.as_ptr(), 0o600) }, 0);
+        // No reader, no writer: opening it for reading would block (the process, before main).
+        for path in [fifo.as_path(), Path::new("/dev/zero"), dir.as_path()] {
+            let why = open(&Source::Configured(path.to_owned()), 0).err().unwrap();
+            assert!(why.contains("is not a regular file"), "{why}");
+            assert_eq!(needed_tensorrt(path), None);
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_large_file_is_read_only_where_its_headers_point() {
+        let dir = std::env::temp_dir().join(format!("overlay-large-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        // A real library, then a hole up to 64 GiB: read whole, this would take the memory of
+        // the machine.
+        let libc_path = loader::object_of(libc::malloc as *const () as usize).unwrap().0;
+        let real = std::fs::read(&libc_path).unwrap();
+        let big = dir.join("libbig.so");
+        let file = std::fs::File::create(&big).unwrap();
+        use std::io::Write;
+        (&file).write_all(&real).unwrap();
+        file.set_len(1 << 36).unwrap();
+        assert_eq!(elf_needed(&big), elf_needed(&libc_path), "the same names, from the headers only");
+        let needed = elf_needed(&libc_path).unwrap();
+        assert!(needed.iter().any(|n| n.starts_with("ld-linux")), "libc needs the dynamic loader: {needed:?}");
+        // Truncated and garbage headers: no names, no panic.
+        for len in [0, 3, 63, 64, 200, 4096] {
+            let cut = dir.join(format!("libcut{len}.so"));
+            std::fs::write(&cut, &real[..len.min(real.len())]).unwrap();
+            let _ = elf_needed(&cut);
+        }
+        let mut garbage = real[..64].to_vec();
+        garbage[0x20..0x28].copy_from_slice(&u64::MAX.to_le_bytes()); // program headers "at" 2^64 - 1
+        std::fs::write(dir.join("libgarbage.so"), &garbage).unwrap();
+        assert_eq!(elf_needed(&dir.join("libgarbage.so")), None);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -131,8 +131,15 @@ impl PluginCore {
                     hidden,
                     eps: self.config.eps,
                 };
-                if input_ptrs.iter().chain(output_ptrs).any(|&p| p % 16 != 0) {
-                    return Err(Error::Unaligned);
+                let names = ["x (input 0)", "residual (input 1)", "gamma (input 2)", "bias (input 3)"];
+                let outputs = ["normed (output 0)", "residual_out (output 1)"];
+                let unaligned: Vec<String> = (names.iter().zip(input_ptrs))
+                    .chain(outputs.iter().zip(output_ptrs))
+                    .filter(|(_, &p)| p % 16 != 0)
+                    .map(|(name, p)| format!("{name} at {p:#x}"))
+                    .collect();
+                if !unaligned.is_empty() {
+                    return Err(Error::Unaligned(unaligned.join(", ")));
                 }
                 self.enqueue_fused(shape, &call, stream)
             }

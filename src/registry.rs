@@ -37,13 +37,28 @@ fn lock() -> MutexGuard<'static, Option<HashMap<i32, Registration>>> {
     REGISTRY.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-pub fn register(device: i32, comm: Comm, all_reduce: usize) -> Result<()> {
+/// Whether [`register`] would take these arguments; nothing is stored.
+pub fn check_registration(device: i32, comm: Comm, all_reduce: usize) -> Result<()> {
     if device < 0 {
         return Err(Error::NegativeDevice(device));
     }
     if comm.0 == 0 || all_reduce == 0 {
         return Err(Error::NullRegistration { device, comm: comm.0, all_reduce });
     }
+    Ok(())
+}
+
+/// Whether [`unregister`] would take these arguments now; nothing is removed.
+pub fn check_unregistration(device: i32, comm: Comm) -> Result<()> {
+    match get(device) {
+        Some(r) if r.comm == comm && comm.0 != 0 => Ok(()),
+        Some(r) => Err(Error::OtherCommunicator { device, comm: comm.0, registered: r.comm.0 }),
+        None => Err(Error::NothingRegistered(device)),
+    }
+}
+
+pub fn register(device: i32, comm: Comm, all_reduce: usize) -> Result<()> {
+    check_registration(device, comm, all_reduce)?;
     let previous = lock().get_or_insert_with(HashMap::new).insert(device, Registration { comm, all_reduce });
     LAST_ALL_REDUCE.store(all_reduce, Ordering::Release);
     if let Some(p) = previous.filter(|p| p.comm != comm) {

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdlib>
 #include <string>
 #include <thread>
 #include <vector>
@@ -144,6 +145,35 @@ TEST(Faults, CountsNearInt32MaxAreRejectedWithoutOverflow)
     }
 }
 
+TEST(Faults, UnalignedFusedTensorsAreRejectedAndNamed)
+{
+    // The fused op needs 16-byte aligned tensors: every misaligned one is named in the log line
+    // of its rejection (distinct tensors are distinct kinds of line, none counted away).
+    fake::Logger& logger = freshLog();
+    testlib::Fields f;
+    f.i32("tp_size", 2).i32("fusion_op", 1).f32("eps", 1e-6F);
+    PluginPtr p(testlib::createPlugin(f));
+    ASSERT_NE(p, nullptr);
+    auto v = testlib::views(p.get());
+    PluginTensorDesc in[3] = {testlib::tensor({2, 4096}, DataType::kHALF), testlib::tensor({2, 4096}, DataType::kHALF),
+        testlib::tensor({4096}, DataType::kHALF)};
+    PluginTensorDesc out[2] = {in[0], in[0]};
+    char const* const names[5] = {"x (input 0)", "residual (input 1)", "gamma (input 2)", "normed (output 0)",
+        "residual_out (output 1)"};
+    for (int bad = 0; bad < 5; ++bad)
+    {
+        uintptr_t addr[5] = {0x10000, 0x20000, 0x30000, 0x40000, 0x50000};
+        addr[bad] += 8;
+        void const* inputs[3] = {reinterpret_cast<void const*>(addr[0]), reinterpret_cast<void const*>(addr[1]),
+            reinterpret_cast<void const*>(addr[2])};
+        void* outputs[2] = {reinterpret_cast<void*>(addr[3]), reinterpret_cast<void*>(addr[4])};
+        logger.clear();
+        EXPECT_EQ(v.runtime->enqueue(in, out, inputs, outputs, nullptr, nullptr), -1);
+        EXPECT_TRUE(logger.saw(std::string("needs 16-byte aligned tensors; not aligned: ") + names[bad]))
+            << names[bad];
+    }
+}
+
 TEST(Faults, VolumesThatOverflowAreRejectedNotTruncated)
 {
     freshLog();
@@ -250,3 +280,32 @@ TEST(Faults, RegistrationsRacingUnregistrationsStayConsistent)
     EXPECT_EQ(a.ranks(51), 0);
     EXPECT_FALSE(logger.saw("panic"));
 }
+
+// Run by ctest with a stand-in driver (standin_driver.cpp) whose functions return a status no
+// CUDA release lists: every call that reaches the driver fails with the number in its message.
+// Skipped elsewhere (the machine's own driver, or none, answers there).
+TEST(StandInDriver, AnUnlistedStatusIsAnErrorWithItsNumber)
+{
+    if (std::getenv("EDGELLM_TEST_STANDIN_DRIVER") == nullptr)
+    {
+        GTEST_SKIP() << "needs the stand-in driver (ctest plugin_trt*_standin_driver)";
+    }
+    fake::Logger& logger = freshLog();
+    Registration r;
+    FakeNccl::Comm comm{2, 0, 0}; // rank 0 of 2 on device 0: no group forms without rank 1
+    ASSERT_TRUE(r.reg(0, &comm, r.allReduce));
+    PluginTensorDesc d = testlib::tensor({1, 4096}, DataType::kHALF);
+    void const* in[1] = {reinterpret_cast<void const*>(0x10000)};
+    void* out[1] = {reinterpret_cast<void*>(0x20000)};
+    for (int tp : {1, 2})
+    {
+        PluginPtr p = plugin(tp);
+        ASSERT_NE(p, nullptr);
+        auto v = testlib::views(p.get());
+        logger.clear();
+        EXPECT_EQ(v.runtime->enqueue(&d, &d, in, out, nullptr, nullptr), -1) << "tp_size " << tp;
+        EXPECT_TRUE(logger.saw("CUDA error 987654, which the driver does not name")) << "tp_size " << tp;
+    }
+    EXPECT_TRUE(r.unreg(0, &comm));
+}
+

@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include <dlfcn.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <climits>
@@ -306,6 +307,40 @@ TEST(OverlayOff, OursAloneAndTheBasesFunctionsRefuse)
     void* comm = reinterpret_cast<void*>(0x1000);
     EXPECT_TRUE(reg(3, comm, reinterpret_cast<void*>(0x2000))) << "AllReduce needs no base";
     EXPECT_TRUE(unreg(3, comm));
+}
+
+// A base that refuses the NCCL registrations ours accepts (refusing_base.cpp): the two stay in
+// step, so ours does not keep what the base refused, and the failure says so.
+TEST(OverlayRefusingBase, NeitherLibraryHoldsWhatTheBaseRefused)
+{
+    void* ours = nullptr;
+    std::string const text = loadAloneAndLog(ours);
+    ASSERT_NE(ours, nullptr);
+    auto reg = reinterpret_cast<RegisterNccl>(dlsym(ours, "edgellmRegisterNcclCommForAllReducePlugin"));
+    auto unreg = reinterpret_cast<UnregisterNccl>(dlsym(ours, "edgellmUnregisterNcclCommForAllReducePlugin"));
+    auto ourComm = reinterpret_cast<void* (*) (int)>(dlsym(ours, "_ZN11trt_edgellm7plugins20getNcclCommForDeviceEi"));
+    ASSERT_TRUE(reg && unreg && ourComm);
+    void* comm = reinterpret_cast<void*>(0x1000);
+    StderrCapture log;
+    EXPECT_FALSE(reg(3, comm, reinterpret_cast<void*>(0x2000)));
+    EXPECT_EQ(ourComm(3), nullptr) << "ours did not keep a registration the base refused";
+    EXPECT_FALSE(unreg(3, comm)) << "nothing to unregister in either";
+    std::string const said = log.text();
+    EXPECT_NE(said.find("refused edgellmRegisterNcclCommForAllReducePlugin"), std::string::npos) << said;
+    EXPECT_NE(said.find("no communicator is registered for device 3"), std::string::npos) << said;
+}
+
+// A base named by a path that is a FIFO: reading or loading it would block the process before
+// main. It is refused, with one error, before it is opened.
+TEST(OverlayFifo, ABaseThatIsNoFileIsRefusedWithoutBlocking)
+{
+    std::string const fifo = "/tmp/edgellm-overlay-fifo-" + std::to_string(getpid()) + ".so";
+    ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+    setenv("EDGELLM_ALLREDUCE_BASE_LIBRARY", fifo.c_str(), 1);
+    void* ours = nullptr;
+    std::string const text = loadAloneAndLog(ours);
+    unlink(fifo.c_str());
+    EXPECT_EQ(occurrences(text, "is not a regular file"), 1) << text;
 }
 
 // A base that cannot be loaded: one clear error naming the file and the loader's reason; ours works.
