@@ -16,6 +16,8 @@ pub mod constant;
 pub mod dtype;
 pub mod error;
 pub mod graph;
+pub mod infer;
+pub mod layout;
 pub mod model_file;
 pub mod norm;
 pub mod report;
@@ -143,5 +145,12 @@ fn fused_outcome(g: &GraphIndex, chain: &Chain, gamma: &str) -> Outcome {
         residual_out: chain.sum.clone(),
         dtype: dtype::name(chain.elem),
         form: chain.norm.form.clone(),
+        norm_through: chain
+            .norm
+            .layout
+            .iter()
+            .map(|&i| format!("{} '{}'", g.node(i).op_type, g.node(i).name))
+            .collect(),
+        relayout: chain.norm.relayout,
     }
 }

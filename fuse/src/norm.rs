@@ -57,6 +57,11 @@ pub struct NormMatch {
     pub out: String,
     /// The form, for the report.
     pub form: String,
+    /// Layout ops between the residual sum and the norm (see `layout`), in order: they stay.
+    pub layout: Vec<usize>,
+    /// Whether they change the shape, so that the fused node's normed output needs a copy of
+    /// them to reach the norm's readers in the shape they read.
+    pub relayout: bool,
 }
 
 /// What the norm must agree with: the residual sum's type, rank and hidden size.
@@ -86,7 +91,47 @@ pub fn other_input<'n>(node: &'n NodeProto, value: &str) -> Option<&'n str> {
     }
 }
 
+/// How many layout steps the pass follows from the residual sum to the norm.
+const MAX_LAYOUT_STEPS: usize = 4;
+
+/// The RMSNorm reading the residual sum, directly or through layout ops (see `layout`).
 pub fn match_norm(g: &GraphIndex, sum: &Sum) -> Matched<NormMatch> {
+    through_layout(g, sum, sum.name, Vec::new(), true)
+}
+
+fn through_layout(g: &GraphIndex, sum: &Sum, value: &str, layout: Vec<usize>, identity: bool) -> Matched<NormMatch> {
+    let shape = g.shape(value).or_else(|| if identity { sum.shape.clone() } else { None });
+    let here = Sum { name: value, elem: sum.elem, shape };
+    let mut best = match match_norm_at(g, &here) {
+        Ok(m) => return Ok(NormMatch { layout, relayout: !identity, ..m }),
+        Err(mut r) => {
+            r.progress += layout.len();
+            r
+        }
+    };
+    if layout.len() >= MAX_LAYOUT_STEPS {
+        return Err(best);
+    }
+    for &c in g.consumers(value) {
+        let outcome = match crate::layout::step(g, c, value, sum.elem) {
+            None => continue,
+            Some(Err(reason)) => Err(Refusal { progress: layout.len() + 1, reason }),
+            Some(Ok(step)) => {
+                let mut deeper = layout.clone();
+                deeper.extend(&step.nodes);
+                through_layout(g, sum, &step.out, deeper, identity && step.identity)
+            }
+        };
+        match outcome {
+            Ok(m) => return Ok(m),
+            Err(r) if r.progress > best.progress => best = r,
+            Err(_) => {}
+        }
+    }
+    Err(best)
+}
+
+fn match_norm_at(g: &GraphIndex, sum: &Sum) -> Matched<NormMatch> {
     let mut attempts = Vec::new();
     for &c in g.consumers(sum.name) {
         let node = g.node(c);
@@ -218,6 +263,8 @@ fn rms_normalization(g: &GraphIndex, i: usize, sum: &Sum) -> Matched<NormMatch> 
         gamma: gamma(g, scale, sum, 2)?,
         out: out0(node).to_owned(),
         form: "RMSNormalization".into(),
+        layout: Vec::new(),
+        relayout: false,
     })
 }
 
@@ -320,7 +367,15 @@ impl<'a, 'g> Primitive<'a, 'g> {
             }
         };
         let gamma = gamma(g, &gamma_value, self.sum, self.progress())?;
-        Ok(NormMatch { nodes: self.nodes, eps, gamma, out: out0(g.node(out)).to_owned(), form: self.form.join(", ") })
+        Ok(NormMatch {
+            nodes: self.nodes,
+            eps,
+            gamma,
+            out: out0(g.node(out)).to_owned(),
+            form: self.form.join(", "),
+            layout: Vec::new(),
+            relayout: false,
+        })
     }
 
     fn check_mean(&self, mean: usize) -> Matched<()> {
