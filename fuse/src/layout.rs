@@ -106,3 +106,20 @@ pub fn step(g: &GraphIndex, c: usize, value: &str, elem: i32) -> Option<Result<S
     let identity = same_shape(&a, &b) || (is_op(node, "Reshape") && reshape_keeps_shape(g, c, &a));
     Some(Ok(Step { nodes: vec![c], out: out.to_owned(), identity }))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cast_pairs_that_cancel() {
+        assert!(cast_pair_cancels(dtype::FLOAT16, dtype::FLOAT));
+        assert!(cast_pair_cancels(dtype::BFLOAT16, dtype::FLOAT));
+        assert!(cast_pair_cancels(dtype::BFLOAT16, dtype::DOUBLE));
+        assert!(cast_pair_cancels(dtype::FLOAT, dtype::DOUBLE));
+        assert!(!cast_pair_cancels(dtype::FLOAT, dtype::FLOAT16), "fp32 through fp16 rounds");
+        assert!(!cast_pair_cancels(dtype::FLOAT16, dtype::BFLOAT16), "fp16 through bf16 rounds");
+        assert!(!cast_pair_cancels(dtype::BFLOAT16, dtype::FLOAT16), "bf16 through fp16 overflows");
+        assert!(!cast_pair_cancels(dtype::FLOAT16, dtype::INT32));
+    }
+}
