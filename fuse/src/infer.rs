@@ -152,6 +152,21 @@ pub(crate) fn shape(g: &GraphIndex, value: &str, depth: u32) -> Option<Vec<Dim>>
         };
         return if op("Squeeze") { squeeze(&input, axes.as_deref()) } else { unsqueeze(&input, &axes?) };
     }
+    if op("ReduceMean") || op("ReduceSum") || op("ReduceMax") {
+        let input = of(0)?;
+        let axes = match node.input.get(1).filter(|s| !s.is_empty()) {
+            Some(a) => g.constant_values(a).ok()??.into_iter().map(|v| v as i64).collect::<Vec<_>>(),
+            None => ints_attr(node, "axes")?,
+        };
+        let axes: Option<Vec<usize>> = axes.iter().map(|&a| normalise(a, input.len())).collect();
+        let axes = axes?;
+        if axes.is_empty() || int_attr(node, "keepdims") == Some(0) {
+            return None; // all axes (noop_with_empty_axes aside), or dropped: not needed here
+        }
+        return Some(
+            input.iter().enumerate().map(|(i, d)| if axes.contains(&i) { Dim::Fixed(1) } else { d.clone() }).collect(),
+        );
+    }
     if op("Flatten") {
         let input = of(0)?;
         let axis = normalise(int_attr(node, "axis").unwrap_or(1), input.len() + 1)?;

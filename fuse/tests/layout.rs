@@ -235,3 +235,51 @@ fn an_unknown_type_still_refuses() {
         "the type of its input 'x' is unknown",
     );
 }
+
+/// The default chain with `op` put after the norm's value `value` (made into `value_v`).
+fn inside(value: &str, op: &str, shape: Option<&'static [f64]>) -> ModelProto {
+    let mut g = build_graph(&Spec::default());
+    let view = format!("{value}_v");
+    for n in &mut g.nodes {
+        n.input.iter_mut().filter(|i| *i == value).for_each(|i| *i = view.clone());
+    }
+    let at = g.nodes.iter().position(|n| n.output == [value]).unwrap() + 1;
+    let tail = g.nodes.split_off(at);
+    match shape {
+        Some(target) => {
+            g.initializers.push(tensor("inner_shape", INT64, &[target.len() as i64], target));
+            g.node(op, &[value, "inner_shape"], &[&view], vec![]);
+        }
+        None => {
+            g.node(op, &[value], &[&view], vec![]);
+        }
+    }
+    g.nodes.extend(tail);
+    g.model()
+}
+
+#[test]
+fn shape_keeping_layout_ops_between_the_norm_pieces_go_with_the_norm() {
+    for model in [
+        inside("mean", "Identity", None),
+        inside("inv", "Reshape", Some(&[0.0, 0.0, 1.0])),
+        inside("root", "Identity", None),
+        inside("var_eps", "Identity", None),
+        inside("n", "Reshape", Some(&[0.0, 1.0, HIDDEN as f64])),
+        inside("nc", "Identity", None),
+    ] {
+        let mut model = model;
+        let report = run(&mut model);
+        assert_eq!(report.fused(), 1, "{report}");
+        check_structure(&model).unwrap();
+        let left: Vec<&str> = nodes(&model).iter().map(|n| n.op_type.as_str()).collect();
+        assert_eq!(left, ["AllReducePlugin", "Mul"], "the layout op went with the norm");
+        assert!(report.to_string().contains("layout ops inside"), "{report}");
+    }
+}
+
+#[test]
+fn a_layout_op_between_the_norm_pieces_that_changes_the_shape_refuses() {
+    // [tokens, 1, 1] -> [tokens, 1]: the Mul would broadcast differently.
+    refuses(inside("inv", "Reshape", Some(&[-1.0, 1.0])), "feeds Reshape");
+}
