@@ -141,7 +141,8 @@ fn fresh(names: &mut HashSet<String>, base: &str) -> String {
     name
 }
 
-/// Removes the constants and pure conversions (`Constant`, `Cast`, `Identity`) and the
+/// Removes the constants, pure conversions and layout ops (`Constant`, `Cast`, `Identity`,
+/// `Reshape`, `Squeeze`, `Unsqueeze`, `Flatten`) and the
 /// initializers that only fed removed nodes; returns the names that no longer exist.
 fn remove_dead_feeders(graph: &mut GraphProto, mut freed: Vec<String>) -> Vec<String> {
     let mut gone = Vec::new();
@@ -159,7 +160,10 @@ fn remove_dead_feeders(graph: &mut GraphProto, mut freed: Vec<String>) -> Vec<St
         let producer = graph.node.iter().position(|n| n.output.contains(&v));
         if let Some(p) = producer {
             let n = &graph.node[p];
-            let pure = ["Constant", "Cast", "Identity"].iter().any(|op| is_op(n, op)) && n.output.len() == 1;
+            let pure = ["Constant", "Cast", "Identity", "Reshape", "Squeeze", "Unsqueeze", "Flatten"]
+                .iter()
+                .any(|op| is_op(n, op))
+                && n.output.len() == 1;
             if pure {
                 let n = graph.node.remove(p);
                 freed.extend(n.input.into_iter().filter(|i| !i.is_empty()));

@@ -283,3 +283,16 @@ fn a_layout_op_between_the_norm_pieces_that_changes_the_shape_refuses() {
     // [tokens, 1, 1] -> [tokens, 1]: the Mul would broadcast differently.
     refuses(inside("inv", "Reshape", Some(&[-1.0, 1.0])), "feeds Reshape");
 }
+
+#[test]
+fn a_layout_op_only_the_norm_read_goes_with_it() {
+    let mut model = through(&Spec::default(), reshape_to(&[0.0, 1.0, HIDDEN as f64]));
+    let y = model.graph.as_mut().unwrap().node.iter_mut().find(|n| n.output == ["y"]).unwrap();
+    y.input[1] = "sum".into();
+    let report = run(&mut model);
+    assert_eq!(report.fused(), 1, "{report}");
+    check_structure(&model).unwrap();
+    let left: Vec<&str> = nodes(&model).iter().map(|n| n.op_type.as_str()).collect();
+    assert_eq!(left, ["AllReducePlugin", "Mul"], "the Reshape, read by nothing now, is gone");
+    assert!(model.graph.as_ref().unwrap().initializer.iter().all(|t| t.name != "view_shape"));
+}
