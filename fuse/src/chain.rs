@@ -57,11 +57,11 @@ pub fn match_chain(g: &GraphIndex, ar: usize) -> Matched<Chain> {
     let [ar_out] = node.output.as_slice() else {
         return refuse(0, format!("has {} outputs, a plain all-reduce has 1", node.output.len()));
     };
-    let Some(elem) = g.elem_type(x).or_else(|| g.elem_type(ar_out)) else {
-        return refuse(0, format!("the type of its input '{x}' is unknown"));
-    };
-    if !dtype::plugin_supports(elem) {
-        return refuse(0, format!("its input is {}; the fused op takes fp32, fp16 or bf16", dtype::name(elem)));
+    // The type: declared or inferred from x's producers here, else (below) from the residual,
+    // which the Add's operands share.
+    let x_elem = g.elem_type(x).or_else(|| g.elem_type(ar_out));
+    if let Some(t) = x_elem.filter(|&t| !dtype::plugin_supports(t)) {
+        return refuse(0, format!("its input is {}; the fused op takes fp32, fp16 or bf16", dtype::name(t)));
     }
     let mut nodes = vec![ar];
 
@@ -114,17 +114,36 @@ pub fn match_chain(g: &GraphIndex, ar: usize) -> Matched<Chain> {
     // the fused node and reshape x, which then has the residual's shape.
     let fused_x = hoisted.last().map(|&l| out0(g.node(l)).to_owned()).unwrap_or_else(|| x.clone());
     let x_shape = g.shape(&fused_x).or_else(|| if hoisted.is_empty() { g.shape(ar_out) } else { None });
+    let r_elem = g.elem_type(&residual);
+    let elem = match (x_elem, r_elem) {
+        (Some(a), Some(r)) if a != r => {
+            return refuse(
+                2,
+                format!("the residual '{residual}' is {}, the all-reduce {}", dtype::name(r), dtype::name(a)),
+            );
+        }
+        (Some(t), _) => t,
+        (None, Some(t)) if dtype::plugin_supports(t) => t,
+        (None, Some(t)) => {
+            return refuse(
+                2,
+                format!("the residual '{residual}' is {}; the fused op takes fp32, fp16 or bf16", dtype::name(t)),
+            );
+        }
+        (None, None) => {
+            return refuse(
+                0,
+                format!(
+                    "the type of its input '{x}' is unknown (no value_info, and neither its producers nor the \
+                     residual '{residual}' tell it)"
+                ),
+            );
+        }
+    };
     if let Some(b) = &bias {
         check_vector(g, b, elem, x_shape.as_deref(), "bias")?;
     }
     nodes.push(add);
-    match g.elem_type(&residual) {
-        Some(t) if t == elem => {}
-        t => {
-            let t = t.map(dtype::name).unwrap_or_else(|| "of unknown type".into());
-            return refuse(2, format!("the residual '{residual}' is {t}, the all-reduce {}", dtype::name(elem)));
-        }
-    }
     let sum = out0(g.node(add)).to_owned();
     let r_shape = g.shape(&residual);
     if let (Some(a), Some(b)) = (&x_shape, &r_shape) {

@@ -1,6 +1,7 @@
 //! A read-only index of a graph: who produces and who consumes each value, what is known of its
 //! type and shape, and which values are constants.
 
+use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
@@ -52,6 +53,9 @@ pub struct GraphIndex<'g> {
     escapes: HashSet<&'g str>,
     initializers: HashMap<&'g str, &'g TensorProto>,
     declared: HashMap<&'g str, &'g ValueInfoProto>,
+    /// Inferred types and shapes, by value (None: cannot be known).
+    types: RefCell<HashMap<String, Option<i32>>>,
+    shapes: RefCell<HashMap<String, Option<Vec<Dim>>>>,
 }
 
 impl<'g> GraphIndex<'g> {
@@ -77,7 +81,17 @@ impl<'g> GraphIndex<'g> {
         let initializers = graph.initializer.iter().map(|t| (t.name.as_str(), t)).collect();
         let declared =
             graph.value_info.iter().chain(&graph.input).chain(&graph.output).map(|v| (v.name.as_str(), v)).collect();
-        GraphIndex { graph, data_dir, producer, consumers, escapes, initializers, declared }
+        GraphIndex {
+            graph,
+            data_dir,
+            producer,
+            consumers,
+            escapes,
+            initializers,
+            declared,
+            types: RefCell::default(),
+            shapes: RefCell::default(),
+        }
     }
 
     pub fn data_dir(&self) -> &Path {
@@ -128,37 +142,37 @@ impl<'g> GraphIndex<'g> {
         Ok(self.constant_values(value)?.filter(|v| v.len() == 1).map(|v| v[0]))
     }
 
-    /// The element type: declared (value_info, graph input/output, initializer), else inferred
-    /// from the producer for the ops a norm chain is made of.
+    /// The element type: declared (value_info, graph input/output), of a constant, else inferred
+    /// from the producer (see `infer`).
     pub fn elem_type(&self, value: &str) -> Option<i32> {
-        self.elem_type_within(value, 64)
+        self.elem_type_within(value, INFER_DEPTH)
     }
 
-    fn elem_type_within(&self, value: &str, depth: u32) -> Option<i32> {
+    /// The declared or constant type only.
+    pub(crate) fn known_elem_type(&self, value: &str) -> Option<i32> {
         if let Some(t) = self.declared.get(value).and_then(|v| tensor_type(v)).map(|t| t.elem_type).filter(|&t| t != 0)
         {
             return Some(t);
         }
-        if let Some(t) = self.constant(value) {
-            return Some(t.data_type);
-        }
-        let node = self.node(self.producer(value)?);
-        if depth == 0 {
-            return None;
-        }
-        match node.op_type.as_str() {
-            "Cast" => int_attr(node, "to").map(|t| t as i32),
-            "RMSNormalization" => node.input.get(1).and_then(|s| self.elem_type_within(s, depth - 1)),
-            "AllReducePlugin" | "Add" | "Sub" | "Mul" | "Div" | "Pow" | "Sqrt" | "Reciprocal" | "Rsqrt"
-            | "ReduceMean" | "Identity" | "Reshape" => {
-                node.input.first().and_then(|s| self.elem_type_within(s, depth - 1))
-            }
-            _ => None,
-        }
+        self.constant(value).map(|t| t.data_type).filter(|&t| t != 0)
     }
 
-    /// The shape, when declared (value_info, graph input/output) or for an initializer.
-    pub fn shape(&self, value: &str) -> Option<Vec<Dim>> {
+    pub(crate) fn elem_type_within(&self, value: &str, depth: u32) -> Option<i32> {
+        if let Some(t) = self.known_elem_type(value) {
+            return Some(t);
+        }
+        if let Some(&cached) = self.types.borrow().get(value) {
+            return cached;
+        }
+        let t = if depth == 0 { None } else { crate::infer::elem_type(self, value, depth - 1) };
+        if depth > 0 {
+            self.types.borrow_mut().insert(value.to_owned(), t);
+        }
+        t
+    }
+
+    /// The declared shape (value_info, graph input/output, or the dims of a constant).
+    pub(crate) fn declared_shape(&self, value: &str) -> Option<Vec<Dim>> {
         if let Some(t) = self.initializer(value) {
             return Some(t.dims.iter().map(|&d| Dim::Fixed(d)).collect());
         }
@@ -178,7 +192,30 @@ impl<'g> GraphIndex<'g> {
         }
         self.constant(value).map(|t| t.dims.iter().map(|&d| Dim::Fixed(d)).collect())
     }
+
+    /// The shape: declared, else inferred from the producer (see `infer`); dimensions the
+    /// inference cannot name are `Dim::Unknown`.
+    pub fn shape(&self, value: &str) -> Option<Vec<Dim>> {
+        self.shape_within(value, INFER_DEPTH)
+    }
+
+    pub(crate) fn shape_within(&self, value: &str, depth: u32) -> Option<Vec<Dim>> {
+        if let Some(s) = self.declared_shape(value) {
+            return Some(s);
+        }
+        if let Some(cached) = self.shapes.borrow().get(value) {
+            return cached.clone();
+        }
+        let s = if depth == 0 { None } else { crate::infer::shape(self, value, depth - 1) };
+        if depth > 0 {
+            self.shapes.borrow_mut().insert(value.to_owned(), s.clone());
+        }
+        s
+    }
 }
+
+/// How many producers back the inference looks (a bound, also against malformed cyclic graphs).
+const INFER_DEPTH: u32 = 512;
 
 fn tensor_type(v: &ValueInfoProto) -> Option<&type_proto::Tensor> {
     match &v.type_.as_ref()?.value {

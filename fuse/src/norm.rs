@@ -57,6 +57,11 @@ pub struct NormMatch {
     pub out: String,
     /// The form, for the report.
     pub form: String,
+    /// Layout ops between the residual sum and the norm (see `layout`), in order: they stay.
+    pub layout: Vec<usize>,
+    /// Whether they change the shape, so that the fused node's normed output needs a copy of
+    /// them to reach the norm's readers in the shape they read.
+    pub relayout: bool,
 }
 
 /// What the norm must agree with: the residual sum's type, rank and hidden size.
@@ -86,7 +91,47 @@ pub fn other_input<'n>(node: &'n NodeProto, value: &str) -> Option<&'n str> {
     }
 }
 
+/// How many layout steps the pass follows from the residual sum to the norm.
+const MAX_LAYOUT_STEPS: usize = 4;
+
+/// The RMSNorm reading the residual sum, directly or through layout ops (see `layout`).
 pub fn match_norm(g: &GraphIndex, sum: &Sum) -> Matched<NormMatch> {
+    through_layout(g, sum, sum.name, Vec::new(), true)
+}
+
+fn through_layout(g: &GraphIndex, sum: &Sum, value: &str, layout: Vec<usize>, identity: bool) -> Matched<NormMatch> {
+    let shape = g.shape(value).or_else(|| if identity { sum.shape.clone() } else { None });
+    let here = Sum { name: value, elem: sum.elem, shape };
+    let mut best = match match_norm_at(g, &here) {
+        Ok(m) => return Ok(NormMatch { layout, relayout: !identity, ..m }),
+        Err(mut r) => {
+            r.progress += layout.len();
+            r
+        }
+    };
+    if layout.len() >= MAX_LAYOUT_STEPS {
+        return Err(best);
+    }
+    for &c in g.consumers(value) {
+        let outcome = match crate::layout::step(g, c, value, sum.elem) {
+            None => continue,
+            Some(Err(reason)) => Err(Refusal { progress: layout.len() + 1, reason }),
+            Some(Ok(step)) => {
+                let mut deeper = layout.clone();
+                deeper.extend(&step.nodes);
+                through_layout(g, sum, &step.out, deeper, identity && step.identity)
+            }
+        };
+        match outcome {
+            Ok(m) => return Ok(m),
+            Err(r) if r.progress > best.progress => best = r,
+            Err(_) => {}
+        }
+    }
+    Err(best)
+}
+
+fn match_norm_at(g: &GraphIndex, sum: &Sum) -> Matched<NormMatch> {
     let mut attempts = Vec::new();
     for &c in g.consumers(sum.name) {
         let node = g.node(c);
@@ -218,6 +263,8 @@ fn rms_normalization(g: &GraphIndex, i: usize, sum: &Sum) -> Matched<NormMatch> 
         gamma: gamma(g, scale, sum, 2)?,
         out: out0(node).to_owned(),
         form: "RMSNormalization".into(),
+        layout: Vec::new(),
+        relayout: false,
     })
 }
 
@@ -265,6 +312,35 @@ impl<'a, 'g> Primitive<'a, 'g> {
         }
     }
 
+    /// The next piece of the norm after `value`, past layout ops that provably keep its whole
+    /// shape (`Identity`, a Reshape/Flatten/Squeeze/Unsqueeze giving back the same shape, see
+    /// `layout`), which go with the norm: the piece, and the value it reads.
+    fn next_piece(&mut self, value: &str, ops: &[&str]) -> Matched<(usize, String)> {
+        let value = self.past_layout(value)?;
+        Ok((self.sole_consumer(&value, ops)?, value))
+    }
+
+    /// `value`, or the value shape-keeping layout ops that alone read it make of it (they join
+    /// the norm's nodes).
+    fn past_layout(&mut self, value: &str) -> Matched<String> {
+        let mut value = value.to_owned();
+        for _ in 0..MAX_LAYOUT_STEPS {
+            let c = self.sole_reader(&value)?;
+            // No type given: a cast inside the norm is one of its pieces, never skipped.
+            match crate::layout::step(self.g, c, &value, 0) {
+                Some(Ok(step)) if step.identity => {
+                    self.nodes.extend(&step.nodes);
+                    if !self.form.contains(&"layout ops inside") {
+                        self.form.push("layout ops inside");
+                    }
+                    value = step.out;
+                }
+                _ => break,
+            }
+        }
+        Ok(value)
+    }
+
     fn after_cast(mut self, cast: usize) -> Matched<NormMatch> {
         let node = self.g.node(cast);
         let to = int_attr(node, "to").unwrap_or(0) as i32;
@@ -284,11 +360,11 @@ impl<'a, 'g> Primitive<'a, 'g> {
             return self.refuse(format!("nothing squares '{xf}' (Pow 2 or Mul x x)"));
         };
         self.nodes.push(square);
-        let mean = self.sole_consumer(out0(g.node(square)), &["ReduceMean"])?;
+        let (mean, _) = self.next_piece(out0(g.node(square)), &["ReduceMean"])?;
         self.check_mean(mean)?;
         self.nodes.push(mean);
-        let eps_add = self.sole_consumer(out0(g.node(mean)), &["Add"])?;
-        let eps = self.eps(eps_add)?;
+        let (eps_add, m) = self.next_piece(out0(g.node(mean)), &["Add"])?;
+        let eps = self.eps(eps_add, &m)?;
         self.nodes.push(eps_add);
         let normalised = self.inverse_sqrt(out0(g.node(eps_add)), xf)?;
         // `xf` feeds only the square and the normalising Mul/Div (the sum itself may feed more).
@@ -300,27 +376,34 @@ impl<'a, 'g> Primitive<'a, 'g> {
         }
         let n = out0(g.node(normalised)).to_owned();
         let (gamma_value, out) = if !cast_pair {
-            let mul = self.sole_consumer(&n, &["Mul"])?;
+            let (mul, n) = self.next_piece(&n, &["Mul"])?;
             self.form.push("no cast pair");
             (self.weight_of(mul, &n)?, mul)
         } else {
-            let next = self.sole_consumer(&n, &["Cast", "Mul"])?;
+            let (next, n) = self.next_piece(&n, &["Cast", "Mul"])?;
             if is_op(g.node(next), "Cast") {
                 self.cast_back(next)?;
-                let nc = out0(g.node(next)).to_owned();
-                let mul = self.sole_consumer(&nc, &["Mul"])?;
+                let (mul, nc) = self.next_piece(out0(g.node(next)), &["Mul"])?;
                 self.form.push("weight after the cast");
                 (self.weight_of(mul, &nc)?, mul)
             } else {
                 let w = self.weight_of(next, &n)?;
-                let cast_back = self.sole_consumer(out0(g.node(next)), &["Cast"])?;
+                let (cast_back, _) = self.next_piece(out0(g.node(next)), &["Cast"])?;
                 self.cast_back(cast_back)?;
                 self.form.push("weight before the cast");
                 (w, cast_back)
             }
         };
         let gamma = gamma(g, &gamma_value, self.sum, self.progress())?;
-        Ok(NormMatch { nodes: self.nodes, eps, gamma, out: out0(g.node(out)).to_owned(), form: self.form.join(", ") })
+        Ok(NormMatch {
+            nodes: self.nodes,
+            eps,
+            gamma,
+            out: out0(g.node(out)).to_owned(),
+            form: self.form.join(", "),
+            layout: Vec::new(),
+            relayout: false,
+        })
     }
 
     fn check_mean(&self, mean: usize) -> Matched<()> {
@@ -344,9 +427,8 @@ impl<'a, 'g> Primitive<'a, 'g> {
         Ok(())
     }
 
-    fn eps(&self, add: usize) -> Matched<f32> {
+    fn eps(&self, add: usize, mean: &str) -> Matched<f32> {
         let node = self.g.node(add);
-        let mean = out0(self.g.node(*self.nodes.last().expect("the mean is matched")));
         let Some(other) = other_input(node, mean) else {
             return self.refuse(format!("Add '{}' after the mean is not mean + eps", node.name));
         };
@@ -359,7 +441,8 @@ impl<'a, 'g> Primitive<'a, 'g> {
     /// Matches `1/sqrt(e)` applied to `xf`; returns the node whose output is the normalised value.
     fn inverse_sqrt(&mut self, e: &str, xf: &str) -> Matched<usize> {
         let g = self.g;
-        let first = self.sole_reader(e)?;
+        let e = self.past_layout(e)?;
+        let first = self.sole_reader(&e)?;
         let node = g.node(first);
         // Rsqrt is no standard ONNX op: accept it from any domain.
         let inverse = if node.op_type == "Rsqrt" {
@@ -368,8 +451,8 @@ impl<'a, 'g> Primitive<'a, 'g> {
             out0(node).to_owned()
         } else if is_op(node, "Sqrt") {
             self.nodes.push(first);
-            let s = out0(node);
-            let next = self.sole_consumer(s, &["Reciprocal", "Div"])?;
+            let (next, s) = self.next_piece(out0(node), &["Reciprocal", "Div"])?;
+            let s = s.as_str();
             let node = g.node(next);
             if is_op(node, "Div") {
                 if node.input.len() != 2 || node.input[1] != s {
@@ -395,7 +478,7 @@ impl<'a, 'g> Primitive<'a, 'g> {
         } else {
             return self.refuse(format!("'{e}' feeds {} '{}', expected Sqrt or Rsqrt", node.op_type, node.name));
         };
-        let mul = self.sole_consumer(&inverse, &["Mul"])?;
+        let (mul, inverse) = self.next_piece(&inverse, &["Mul"])?;
         if other_input(g.node(mul), &inverse) != Some(xf) {
             return self.refuse(format!("Mul '{}' does not scale the normalised value by 1/sqrt", g.node(mul).name));
         }

@@ -20,6 +20,10 @@ pub enum Outcome {
         residual_out: String,
         dtype: String,
         form: String,
+        /// Layout ops between the residual sum and the norm, which stay (see `layout`).
+        norm_through: Vec<String>,
+        /// Whether they change the shape: a copy of them makes `normed` from the fused output.
+        relayout: bool,
     },
     Left(String),
     /// Matched, but not among `--only`.
@@ -50,7 +54,21 @@ impl fmt::Display for Candidate {
         let n = self.number;
         let node = &self.node;
         match &self.outcome {
-            Outcome::Fused { x, moved, residual, gamma, gamma_from, bias, eps, normed, residual_out, dtype, form } => {
+            Outcome::Fused {
+                x,
+                moved,
+                residual,
+                gamma,
+                gamma_from,
+                bias,
+                eps,
+                normed,
+                residual_out,
+                dtype,
+                form,
+                norm_through,
+                relayout,
+            } => {
                 let gamma = match gamma_from {
                     Some(from) => format!("{gamma} (new, {dtype} copy of '{from}')"),
                     None => gamma.clone(),
@@ -61,10 +79,20 @@ impl fmt::Display for Candidate {
                 } else {
                     format!(" (through {}, moved before the node)", moved.join(", "))
                 };
+                let through = match (norm_through.is_empty(), relayout) {
+                    (true, _) => String::new(),
+                    (false, false) => format!(" (norm read through {}, kept)", norm_through.join(", ")),
+                    (false, true) => {
+                        format!(
+                            " (norm read through {}, kept and copied after the normed output)",
+                            norm_through.join(", ")
+                        )
+                    }
+                };
                 write!(
                     f,
                     "#{n} fused '{node}' [{dtype}; {form}]: x={x}{moved}, residual={residual}, gamma={gamma}{bias}, eps={eps:e} \
-                     -> normed={normed}, residual_out={residual_out}"
+                     -> normed={normed}{through}, residual_out={residual_out}"
                 )
             }
             Outcome::Left(reason) => write!(f, "#{n} left  '{node}': {reason}"),

@@ -37,8 +37,9 @@ fn float(name: &str, f: f32) -> AttributeProto {
 }
 
 /// The fused node: the all-reduce node with its attributes (tp_size and any others), the fused
-/// op's fields, inputs `(x, residual, gamma[, bias])` and outputs `(normed, residual_out)`.
-pub fn fused_node(all_reduce: &NodeProto, plan: &Planned, fields: &Fields) -> NodeProto {
+/// op's fields, inputs `(x, residual, gamma[, bias])` and `(normed, residual_out)`: `normed` is the norm's output, or a new value when layout
+/// ops between the sum and the norm change the shape (their copies then make the norm's output).
+pub fn fused_node(all_reduce: &NodeProto, plan: &Planned, fields: &Fields, normed: &str) -> NodeProto {
     let chain = plan.chain;
     let mut node = all_reduce.clone();
     let derived = ["fusion_op", "eps", "has_bias"];
@@ -61,7 +62,7 @@ pub fn fused_node(all_reduce: &NodeProto, plan: &Planned, fields: &Fields) -> No
     }
     node.input = vec![chain.fused_x.clone(), chain.residual.clone(), plan.gamma.clone()];
     node.input.extend(chain.bias.clone());
-    node.output = vec![chain.norm.out.clone(), chain.sum.clone()];
+    node.output = vec![normed.to_owned(), chain.sum.clone()];
     if !node.name.is_empty() {
         node.name = format!("{}/fused_residual_rmsnorm", node.name);
     }
@@ -70,15 +71,39 @@ pub fn fused_node(all_reduce: &NodeProto, plan: &Planned, fields: &Fields) -> No
 
 /// Applies `plans` (chains with no node in common) to `graph`.
 pub fn apply(graph: &mut GraphProto, plans: &[Planned], fields: &Fields) {
-    let mut replace: HashMap<usize, NodeProto> = HashMap::new();
+    let mut replace: HashMap<usize, Vec<NodeProto>> = HashMap::new();
     let mut removed: HashSet<usize> = HashSet::new();
+    let mut names: HashSet<String> = graph.node.iter().flat_map(|n| n.output.iter().cloned()).collect();
+    names.extend(graph.input.iter().map(|i| i.name.clone()));
+    names.extend(graph.initializer.iter().map(|t| t.name.clone()));
     for plan in plans {
         let chain = plan.chain;
         // The fused node takes the residual Add's place: every input of the chain but gamma is
         // ready there; the sort below moves it if gamma is produced later.
         let at = chain.nodes.iter().copied().find(|&i| graph.node[i].output.first() == Some(&chain.sum));
         let at = at.expect("a chain contains the Add that makes its residual sum");
-        replace.insert(at, fused_node(&graph.node[chain.all_reduce], plan, fields));
+        let norm = &chain.norm;
+        let normed = if norm.relayout { fresh(&mut names, &format!("{}_fused", norm.out)) } else { norm.out.clone() };
+        let mut new_nodes = vec![fused_node(&graph.node[chain.all_reduce], plan, fields, &normed)];
+        if norm.relayout {
+            // The layout ops again, on the normed value: they make the norm's output.
+            let mut value = normed;
+            for (k, &l) in norm.layout.iter().enumerate() {
+                let mut copy = graph.node[l].clone();
+                copy.input[0] = value;
+                value = if k + 1 == norm.layout.len() {
+                    norm.out.clone()
+                } else {
+                    fresh(&mut names, &format!("{}_fused", copy.output[0]))
+                };
+                copy.output = vec![value.clone()];
+                if !copy.name.is_empty() {
+                    copy.name = format!("{}/fused_normed", copy.name);
+                }
+                new_nodes.push(copy);
+            }
+        }
+        replace.insert(at, new_nodes);
         removed.extend(chain.nodes.iter().filter(|&&i| i != at));
         if let Some(&first) = chain.hoisted.first() {
             graph.node[first].input[0] = chain.x.clone();
@@ -96,7 +121,7 @@ pub fn apply(graph: &mut GraphProto, plans: &[Planned], fields: &Fields) {
         .into_iter()
         .enumerate()
         .filter(|(i, _)| !removed.contains(i))
-        .map(|(i, n)| replace.remove(&i).unwrap_or(n))
+        .flat_map(|(i, n)| replace.remove(&i).unwrap_or_else(|| vec![n]))
         .collect();
     dropped.retain(|v| !graph.node.iter().any(|n| n.output.contains(v)));
     dropped.extend(remove_dead_feeders(graph, freed));
@@ -104,7 +129,20 @@ pub fn apply(graph: &mut GraphProto, plans: &[Planned], fields: &Fields) {
     stable_topological_sort(graph);
 }
 
-/// Removes the constants and pure conversions (`Constant`, `Cast`, `Identity`) and the
+/// `base`, or `base_2`, `base_3`, ... : a name no value has yet, then taken.
+fn fresh(names: &mut HashSet<String>, base: &str) -> String {
+    let mut name = base.to_owned();
+    let mut k = 1;
+    while names.contains(&name) {
+        k += 1;
+        name = format!("{base}_{k}");
+    }
+    names.insert(name.clone());
+    name
+}
+
+/// Removes the constants, pure conversions and layout ops (`Constant`, `Cast`, `Identity`,
+/// `Reshape`, `Squeeze`, `Unsqueeze`, `Flatten`) and the
 /// initializers that only fed removed nodes; returns the names that no longer exist.
 fn remove_dead_feeders(graph: &mut GraphProto, mut freed: Vec<String>) -> Vec<String> {
     let mut gone = Vec::new();
@@ -122,7 +160,10 @@ fn remove_dead_feeders(graph: &mut GraphProto, mut freed: Vec<String>) -> Vec<St
         let producer = graph.node.iter().position(|n| n.output.contains(&v));
         if let Some(p) = producer {
             let n = &graph.node[p];
-            let pure = ["Constant", "Cast", "Identity"].iter().any(|op| is_op(n, op)) && n.output.len() == 1;
+            let pure = ["Constant", "Cast", "Identity", "Reshape", "Squeeze", "Unsqueeze", "Flatten"]
+                .iter()
+                .any(|op| is_op(n, op))
+                && n.output.len() == 1;
             if pure {
                 let n = graph.node.remove(p);
                 freed.extend(n.input.into_iter().filter(|i| !i.is_empty()));
