@@ -94,7 +94,12 @@ with zipfile.ZipFile(wheel) as z:
 os.replace(out + ".tmp", out)
 PY
 fi
-[ -f "$out/sha256" ] || sha256sum "$out/libNvInfer_edgellm_plugin.so" | cut -d' ' -f1 >"$out/sha256" # an older cache
+if [ ! -f "$out/sha256" ]; then # extracted before the manifest's SHA-256 was kept beside it
+  python3 -c 'import json, sys, zipfile
+rows = json.loads(zipfile.ZipFile(sys.argv[1]).read("tensorrt_edgellm/_native/variants.json"))["variants"]
+print(next(r["plugin_sha256"] for r in rows if r["variant_id"] == sys.argv[2]))' "$wheel" "$variant" >"$out/sha256.tmp"
+  mv "$out/sha256.tmp" "$out/sha256"
+fi
 echo "export EDGELLM_BASE_LIBRARY='$out/libNvInfer_edgellm_plugin.so'"
 echo "export EDGELLM_BASE_VERSION='$version'"
 echo "export EDGELLM_BASE_REVISION='$(cat "$out/revision")'"
