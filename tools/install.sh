@@ -3,10 +3,13 @@
 # Edge-LLM's own plugin library beside it as the overlay's base (docs/OVERLAY.md).
 # Usage: tools/install.sh [--target aarch64-unknown-linux-gnu] [--base pypi|none|PATH] [--base-version X.Y.Z] [PREFIX]
 #   (default PREFIX: <repo>/dist; for a cross build <repo>/dist-aarch64, built in build-aarch64)
-#   --base pypi   (default) Edge-LLM 0.11.0's library from the tensorrt-edgellm wheel on PyPI, the
-#                 payload for the TensorRT major of EDGELLM_TRT_MAJOR (10 or 11, default 10), or
-#                 EDGELLM_BASE_VARIANT (a payload of that wheel); tools/edgellm_base.sh. The wheel
-#                 has x86-64 payloads only: for aarch64 the default is no base.
+#   --base pypi   (default) Edge-LLM 0.11.0's library from the tensorrt-edgellm wheel of the target
+#                 CPU on PyPI (tools/edgellm_base.sh), or EDGELLM_BASE_VARIANT (a payload of it).
+#                 x86-64: the payload for the TensorRT major of EDGELLM_TRT_MAJOR (10 or 11,
+#                 default 10). aarch64: the payload of this machine's platform (tools/edgellm_variant.py:
+#                 the GPU's SM, the L4T / DRIVE OS release, the device model), in a cross build the
+#                 default, dgx-spark-cu13-sm121; the payload is printed. Where none fits (a GH200,
+#                 Orin on JetPack 6) the default installs no base, with a warning; --base pypi fails.
 #   --base PATH   an Edge-LLM libNvInfer_edgellm_plugin.so* of your own (say which version it is
 #                 with --base-version; the package reports it as EdgeLLM_VERSION)
 #   --base none   ours alone: only AllReducePlugin is served
@@ -27,7 +30,7 @@ while [ $# -gt 0 ]; do
     --base=*) base=${1#--base=}; shift ;;
     --base-version) base_version=${2:?--base-version needs a version}; shift 2 ;;
     --base-version=*) base_version=${1#--base-version=}; shift ;;
-    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
     -*) echo "install.sh: unknown option $1" >&2; exit 2 ;;
     *) prefix=$1; shift ;;
   esac
@@ -37,9 +40,10 @@ target=${EDGELLM_TARGET:-}
 suffix=${target:+-${target%%-*}}
 arch=${target%%-*}
 arch=${arch:-$(uname -m)}
+implicit=
 if [ -z "$base" ]; then
-  base=pypi
-  if [ "$arch" != x86_64 ]; then
+  base=pypi implicit=1
+  if [ "$arch" != x86_64 ] && [ "$arch" != aarch64 ]; then
     echo "install.sh: the tensorrt-edgellm wheel has no $arch payload: installing without a base (--base PATH adds your Edge-LLM build)" >&2
     base=none
   fi
@@ -51,9 +55,22 @@ args=(-DCMAKE_BUILD_TYPE=Release "-DCMAKE_INSTALL_PREFIX=$prefix")
 case "$base" in
   none) args+=(-DEDGELLM_BASE_LIBRARY= -DEDGELLM_BASE_REVISION=unknown) ;;
   pypi)
-    eval "$("$root/tools/edgellm_base.sh" ${EDGELLM_BASE_VARIANT:-})"
-    args+=("-DEDGELLM_BASE_LIBRARY=$EDGELLM_BASE_LIBRARY" "-DEDGELLM_BASE_REVISION=$EDGELLM_BASE_REVISION")
-    base_version=${base_version:-$EDGELLM_BASE_VERSION} ;;
+    # The wheel of the target's CPU; a cross build has no target machine to probe for the payload.
+    cross=0
+    [ "$arch" = "$(uname -m)" ] || cross=1
+    rc=0
+    found=$(EDGELLM_BASE_ARCH=$arch EDGELLM_BASE_CROSS=$cross "$root/tools/edgellm_base.sh" ${EDGELLM_BASE_VARIANT:-}) || rc=$?
+    if [ "$rc" = 3 ] && [ -n "$implicit" ]; then
+      echo "install.sh: installing without a base (--base PATH adds your Edge-LLM build, EDGELLM_BASE_VARIANT names a payload)" >&2
+      args+=(-DEDGELLM_BASE_LIBRARY= -DEDGELLM_BASE_REVISION=unknown)
+    elif [ "$rc" != 0 ]; then
+      exit "$rc"
+    else
+      eval "$found"
+      echo "install.sh: base: Edge-LLM $EDGELLM_BASE_VERSION's $EDGELLM_BASE_VARIANT payload of the tensorrt-edgellm wheel" >&2
+      args+=("-DEDGELLM_BASE_LIBRARY=$EDGELLM_BASE_LIBRARY" "-DEDGELLM_BASE_REVISION=$EDGELLM_BASE_REVISION")
+      base_version=${base_version:-$EDGELLM_BASE_VERSION}
+    fi ;;
   *)
     [ -f "$base" ] || { echo "install.sh: --base $base: no such file" >&2; exit 2; }
     args+=("-DEDGELLM_BASE_LIBRARY=$(realpath "$base")" -DEDGELLM_BASE_REVISION=unknown) ;;
