@@ -210,6 +210,7 @@ class Hooks:
         self.report = Report()
         self._undo: List[Callable[[], None]] = []
         self._fusion_checked = set()
+        self._labels = {}  # id(fused output) -> (tensor, "#n residual_out"), for the report
         self.Pending = self._pending_classes()
 
     # The pending classes are made here: they subclass the builder's Tensor, so every lowering
@@ -424,14 +425,16 @@ class Hooks:
         pending_sum._real = residual_out
         reduced.absorbed = True
         entry.outcome = "fused"
+        self._labels[id(residual_out)] = (residual_out, f"#{entry.index} residual_out")
+        residual_label = self._labels.get(id(residual), (None, getattr(residual, "name", "?")))[1]
         entry.detail = (f"into '{norm}' as {layer.name} [fp16, eps={float(eps):g}, gamma={gamma_name}]: "
-                        f"x={getattr(x, 'name', '?')}, residual={getattr(residual, 'name', '?')} "
-                        "-> normed, residual_out")
+                        f"x={getattr(x, 'name', '?')}, residual={residual_label} -> normed, residual_out")
         return normed
 
     def new_network(self) -> Report:
         """Start the report of the next network; returns the finished one."""
         done, self.report = self.report, Report()
+        self._labels = {}
         return done
 
 

@@ -277,6 +277,7 @@ def case_qwen3_tp2(builder, tool, fake, np, externalize):
           f"{label}: hidden_states = #4 normed; layer_0 / layer_1 hidden states = #2 / #4 residual_out")
     lines = run.report.lines()
     check(len(lines) == 5 and all(f"#{k + 1} fused '{linears[k]}': into '{norms[k]}'" in lines[k] for k in range(4))
+          and "residual=inputs_embeds" in lines[0] and "residual=#3 residual_out" in lines[3]
           and lines[-1] == "fused 4 of 4 AllReducePlugin all-reduces",
           f"{label}: the report names each projection and its norm:\n      " + "\n      ".join(lines))
     same_numbers(fake, np, run, plain, 2, label)
