@@ -16,12 +16,17 @@ extern "C" {
 
 // Registers the NCCL communicator that AllReducePlugin instances running on CUDA device
 // `deviceId` use, and the address of `ncclAllReduce` from the NCCL library the runtime loaded.
-// Replaces an earlier registration of the same device. Returns false (and logs why) for a
-// negative device id or a null pointer.
+// Replaces an earlier registration of the same device. With an overlay base (Edge-LLM's own
+// library, whose other plugins read its own registry) the two libraries stay in step: the
+// result is true when both hold the registration, false (and logged why) when neither does
+// (a negative device id or a null pointer, refused here; or the base refused it, and then
+// this library did not store it either).
 bool edgellmRegisterNcclCommForAllReducePlugin(int deviceId, void *ncclComm, void *ncclAllReduceFunction);
 
 // Removes the registration of `deviceId` if it holds exactly `ncclComm`. Returns false (and
-// logs why) otherwise. The base (Edge-LLM's library, when the overlay has one) is asked too.
+// logs why) otherwise. The base (Edge-LLM's library, when the overlay has one) is asked too,
+// in step: true when both removed it, false when neither did (this library's registration
+// is kept when the base refuses).
 bool edgellmUnregisterNcclCommForAllReducePlugin(int deviceId, void *ncclComm);
 
 // Edge-LLM's plugin-library initializer. `logger` is an `nvinfer1::ILogger*` (or null): the

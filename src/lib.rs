@@ -26,7 +26,7 @@
 //! | `registry` | per-device NCCL registrations |
 //! | `communicator` | what a registered NCCL communicator spans |
 //! | `config` | every environment knob, read once |
-//! | `cuda`, `nccl`, `tensor`, `error`, `log` | leaves: the driver, the NCCL call, TensorRT types, errors, logging |
+//! | `cuda`, `nccl`, `tensor`, `error`, `log` | leaves: the driver (`cuda/driver.rs` declares its functions, every status a number), the NCCL call, TensorRT types, errors, logging |
 //!
 //! The Rust API below (re-exported from those modules) is what the benchmark and the GPU tests
 //! use; everything else is private to the crate.

@@ -44,20 +44,31 @@ fn truncated(message: &str) -> String {
 const KINDS: usize = 1024;
 
 /// What a repeated message becomes: itself the first nine times, itself with its count at the
-/// 10th, 100th, ... time, nothing otherwise.
+/// 10th, 100th, ... time, nothing otherwise. One table for the process.
 fn counted(message: &str) -> Option<String> {
-    static SEEN: Mutex<Option<HashMap<u64, u64>>> = Mutex::new(None);
+    static SEEN: Mutex<Option<Repeats>> = Mutex::new(None);
     let mut guard = SEEN.lock().unwrap_or_else(|p| p.into_inner());
-    let seen = guard.get_or_insert_with(HashMap::new);
-    if seen.len() >= KINDS {
-        seen.clear();
-    }
-    let count = seen.entry(kind_key(message)).or_insert(0);
-    *count += 1;
-    match *count {
-        1..=9 => Some(message.to_owned()),
-        n if is_power_of_ten(n) => Some(format!("{message} [{n} times so far: repeats are counted, not logged]")),
-        _ => None,
+    guard.get_or_insert_with(Repeats::default).count(message)
+}
+
+/// How often each kind of message was seen, by [`kind_key`]: at most [`KINDS`] kinds.
+#[derive(Default)]
+struct Repeats {
+    seen: HashMap<u64, u64>,
+}
+
+impl Repeats {
+    fn count(&mut self, message: &str) -> Option<String> {
+        if self.seen.len() >= KINDS {
+            self.seen.clear();
+        }
+        let count = self.seen.entry(kind_key(message)).or_insert(0);
+        *count += 1;
+        match *count {
+            1..=9 => Some(message.to_owned()),
+            n if is_power_of_ten(n) => Some(format!("{message} [{n} times so far: repeats are counted, not logged]")),
+            _ => None,
+        }
     }
 }
 
@@ -123,13 +134,14 @@ mod tests {
 
     #[test]
     fn a_churn_of_one_error_gives_nine_lines_then_one_per_power_of_ten() {
-        let lines: Vec<String> = (0..120_000u64).filter_map(|i| counted(&format!("log test: enqueue failed at {i:#x}"))).collect();
+        let mut repeats = Repeats::default();
+        let lines: Vec<String> = (0..120_000u64).filter_map(|i| repeats.count(&format!("log test: enqueue failed at {i:#x}"))).collect();
         assert_eq!(lines.len(), 9 + 5, "1 to 9, then 10, 100, ... 100,000: {lines:?}");
         assert_eq!(lines[0], "log test: enqueue failed at 0x0");
         assert_eq!(lines[8], "log test: enqueue failed at 0x8");
         assert!(lines[9].ends_with("[10 times so far: repeats are counted, not logged]"), "{}", lines[9]);
         assert!(lines[13].ends_with("[100000 times so far: repeats are counted, not logged]"), "{}", lines[13]);
-        assert!(counted("log test: another error").is_some(), "another kind is logged");
+        assert!(repeats.count("log test: another error").is_some(), "another kind is logged");
     }
 
     #[test]
@@ -141,15 +153,18 @@ mod tests {
         assert!(truncated(&multibyte).starts_with("éé"), "cut at a character boundary");
         assert_eq!(truncated("short"), "short");
         // 2,000 distinct 256 KiB kinds: the table keeps at most KINDS 8-byte keys.
+        let mut repeats = Repeats::default();
+        let long = "y".repeat(256 << 10);
         for i in 0..2000u32 {
-            let _ = counted(&format!("log test: field '{}{}'", "y".repeat(256 << 10), char::from_u32(0x4e00 + i).unwrap()));
+            assert!(repeats.count(&format!("field '{long}{}'", char::from_u32(0x4e00 + i).unwrap())).is_some());
+            assert!(repeats.seen.len() <= KINDS);
         }
-        let _ = counted("log test: probe");
     }
 
     #[test]
     fn an_info_churn_is_counted_too() {
-        let lines = (0..1000).filter(|_| counted("log test: device 0: communicator 0x1 replaces 0x2").is_some()).count();
+        let mut repeats = Repeats::default();
+        let lines = (0..1000).filter(|_| repeats.count("device 0: communicator 0x1 replaces 0x2").is_some()).count();
         assert_eq!(lines, 9 + 3, "1 to 9, then 10, 100, 1000");
     }
 

@@ -411,13 +411,21 @@ mod tests {
         assert_eq!(at(8, 1 << 20, true), custom(Family::TwoShot));
         assert_eq!(at(8, 64 << 20, true), custom(Family::TwoShot));
         assert_eq!(at(8, 64 << 20, false), Path::Nccl);
-        let fused = |n: i32, one: bool| {
-            let c = Call { tp_size: n, dtype: DataType::Bf16, message: Message { bytes: 512 * 8192 * 2, rows: Some((512, 8192)) }, aligned: true };
+        let fused = |n: i32, tokens: u64, hidden: u32, one: bool| {
+            let message = Message { bytes: tokens * hidden as u64 * 2, rows: Some((tokens, hidden)) };
+            let c = Call { tp_size: n, dtype: DataType::Bf16, message, aligned: true };
             let g = Fake { nranks: n, max_bytes: 64 << 20 };
             if one { choose(Requested::Auto, &c, Some(&OneDevice(g))).path } else { choose(Requested::Auto, &c, Some(&g)).path }
         };
-        assert_eq!(fused(4, true), custom(Family::OneShot));
-        assert_eq!(fused(4, false), Path::Split(Family::TwoShot));
+        // Rows of 4096 stay fused; wider rows split where the plain one-shot (in place) wins.
+        assert_eq!(fused(4, 1024, 4096, true), custom(Family::OneShot));
+        assert_eq!(fused(4, 512, 8192, true), Path::Split(Family::OneShot));
+        assert_eq!(fused(4, 16, 8192, true), custom(Family::Lamport));
+        assert_eq!(fused(8, 8, 4096, true), custom(Family::Lamport));
+        assert_eq!(fused(8, 1, 8192, true), Path::Split(Family::Lamport));
+        assert_eq!(fused(8, 128, 8192, true), Path::Split(Family::TwoShot));
+        assert_eq!(fused(2, 128, 8192, true), custom(Family::OneShot));
+        assert_eq!(fused(4, 512, 8192, false), Path::Split(Family::TwoShot), "separate GPUs: their own table");
     }
 
     #[test]

@@ -1,10 +1,11 @@
 //! The cross-rank contract on one GPU, through the library's own launch paths (`Group`, the
 //! plugin's enqueue), on simulated ranks (N workspaces on GPU 0, a stream per rank):
-//!   - a rank that skips its launch leaves its peers with a fault, never a hang, in every kernel
+//!   - a rank that skips its launch leaves its peers with a fault and NaN outputs, never a hang or
+//!     a stream error, in every kernel
 //!     family (plain and fused, the paced two-shot too); the group then refuses launches, and a
 //!     new group on the device works;
 //!   - a CUDA graph keeps the memory of the group it captured, and a replay after the release
-//!     does nothing and reports it (run under compute-sanitizer memcheck too);
+//!     only fills its outputs with NaN and reports it (run under compute-sanitizer memcheck too);
 //!   - two streams enqueue at once: the first to claim the rank runs the custom kernel, the other
 //!     the registered NCCL.
 //!
@@ -230,7 +231,7 @@ fn release_then_replay(c: Captured) {
 
 #[test]
 #[ignore = "needs a GPU: run with --ignored on the GPU machine"]
-fn a_graph_keeps_the_group_it_captured_and_a_replay_after_the_release_does_nothing() {
+fn a_graph_keeps_the_group_it_captured_and_a_replay_after_the_release_writes_only_nan() {
     let (ctx, _watchdog) = (gpu(), Watchdog::of("capture, replay, release, replay", Duration::from_secs(120)));
     let c = capture(&ctx);
     c.graph.launch().unwrap();
@@ -242,7 +243,7 @@ fn a_graph_keeps_the_group_it_captured_and_a_replay_after_the_release_does_nothi
     }
     assert_eq!(c.group.fault(), None);
     release_then_replay(c);
-    println!("graph lifetime: correct replay, release, replay that did nothing (fault 3), memory freed after the graph");
+    println!("graph lifetime: correct replay, release, replay that only wrote NaN (fault 3), memory freed after the graph");
 }
 
 /// The same without the replay before the release, whose two ranks must run at once: this one
@@ -253,7 +254,7 @@ fn a_graph_keeps_the_group_it_captured_and_a_replay_after_the_release_does_nothi
 fn a_replay_after_the_release_touches_only_live_memory() {
     let (ctx, _watchdog) = (gpu(), Watchdog::of("capture, release, replay", Duration::from_secs(300)));
     release_then_replay(capture(&ctx));
-    println!("graph lifetime: release, replay that did nothing (fault 3), memory freed after the graph");
+    println!("graph lifetime: release, replay that only wrote NaN (fault 3), memory freed after the graph");
 }
 
 /// What the registered stand-in for ncclAllReduce was called with: the streams.

@@ -132,7 +132,7 @@ TEST(Faults, CountsNearInt32MaxAreRejectedWithoutOverflow)
     DataType types[1] = {DataType::kHALF};
     fake::ExprBuilder builder;
     DimsExprs shape = builder.dims({1, 4096});
-    for (auto const [a, b] : {std::pair<int32_t, int32_t>{1, INT32_MAX}, {INT32_MAX, 1}, {INT32_MAX, INT32_MAX},
+    for (auto const& [a, b] : {std::pair<int32_t, int32_t>{1, INT32_MAX}, {INT32_MAX, 1}, {INT32_MAX, INT32_MAX},
              {17, 0}, {0, 17}, {INT32_MAX - 15, 16}})
     {
         logger.clear();
