@@ -219,7 +219,9 @@ fn is_the_program(file: &Path) -> bool {
 /// Why `path` cannot be a base without even opening it: it is not there, or not a regular file
 /// (a FIFO would block the loader, a device such as /dev/zero never ends, a directory is none).
 fn not_a_library_file(path: &Path) -> Option<String> {
-    match std::fs::metadata(path) {
+    // Opened (without blocking: a FIFO opens at once so) and asked through the descriptor, as
+    // the loader will open it.
+    match open_nonblocking(path).and_then(|f| f.metadata()) {
         Err(e) => Some(format!("Edge-LLM's plugin library {} cannot be read: {e}", path.display())),
         Ok(m) if !m.is_file() => Some(format!(
             "Edge-LLM's plugin library {} is not a regular file (a directory, FIFO, socket or device): not loaded, \
@@ -228,6 +230,12 @@ fn not_a_library_file(path: &Path) -> Option<String> {
         )),
         Ok(_) => None,
     }
+}
+
+/// `path` opened for reading without blocking (a FIFO without a writer opens at once).
+fn open_nonblocking(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path)
 }
 
 /// The TensorRT runtime a library file needs (its `libnvinfer.so.N` DT_NEEDED entry), read
@@ -241,22 +249,22 @@ fn needed_tensorrt(path: &Path) -> Option<String> {
 /// whatever the file's size, each read bounded. None for anything else, or a malformed file.
 fn elf_needed(path: &Path) -> Option<Vec<String>> {
     use std::io::{Read, Seek, SeekFrom};
-    use std::os::unix::fs::OpenOptionsExt;
     const PT_LOAD: u32 = 1;
     const PT_DYNAMIC: u32 = 2;
     const DT_NEEDED: u64 = 1;
     const DT_STRTAB: u64 = 5;
-    // Non-blocking: a FIFO that slipped past the metadata check still cannot block the open.
-    let mut file = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path).ok()?;
+    let mut file = open_nonblocking(path).ok()?;
     if !file.metadata().ok()?.is_file() {
         return None;
     }
-    let mut read_at = |offset: u64, len: u64| -> Option<Vec<u8>> {
-        let mut buffer = vec![0u8; usize::try_from(len).ok()?];
+    // Up to `len` bytes at `offset` (fewer at the end of the file), and exactly `len`.
+    fn read_upto(file: &mut std::fs::File, offset: u64, len: u64) -> Option<Vec<u8>> {
+        let mut buffer = Vec::new();
         file.seek(SeekFrom::Start(offset)).ok()?;
-        file.read_exact(&mut buffer).ok()?;
+        file.take(len).read_to_end(&mut buffer).ok()?;
         Some(buffer)
-    };
+    }
+    let mut read_at = |offset: u64, len: u64| read_upto(&mut file, offset, len).filter(|b| b.len() as u64 == len);
     let u16_at = |b: &[u8], at: usize| Some(u16::from_le_bytes(b.get(at..at + 2)?.try_into().ok()?));
     let u32_at = |b: &[u8], at: usize| Some(u32::from_le_bytes(b.get(at..at + 4)?.try_into().ok()?));
     let u64_at = |b: &[u8], at: usize| Some(u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?));
@@ -265,7 +273,7 @@ fn elf_needed(path: &Path) -> Option<Vec<String>> {
         return None; // not ELF, not 64-bit, not little-endian
     }
     let (phoff, phentsize, phnum) = (u64_at(&header, 0x20)?, u16_at(&header, 0x36)? as u64, u16_at(&header, 0x38)? as u64);
-    if phentsize < 56 || phnum == 0 || phnum > 256 {
+    if !(56..=64).contains(&phentsize) || phnum == 0 || phnum > 256 {
         return None;
     }
     let phdrs = read_at(phoff, phentsize * phnum)?;
@@ -284,18 +292,14 @@ fn elf_needed(path: &Path) -> Option<Vec<String>> {
     // The string table's file offset: through the loadable segment that holds its address.
     let &(_, load_offset, load_address, _) =
         segments.iter().find(|s| s.0 == PT_LOAD && s.2 <= strtab && strtab - s.2 < s.3)?;
-    let strtab_offset = strtab - load_address + load_offset;
+    let strtab_offset = (strtab - load_address).checked_add(load_offset)?;
     let names = entries
         .iter()
         .filter(|e| e.0 == DT_NEEDED)
         .take(256)
         .filter_map(|&(_, name)| {
-            // A library name is short: 256 bytes, or up to the end of the file.
-            let offset = strtab_offset.checked_add(name)?;
-            let mut bytes = Vec::with_capacity(256);
-            let mut f = std::fs::File::open(path).ok()?;
-            f.seek(SeekFrom::Start(offset)).ok()?;
-            f.take(256).read_to_end(&mut bytes).ok()?;
+            // A library name is short: 256 bytes at most, or up to the end of the file.
+            let bytes = read_upto(&mut file, strtab_offset.checked_add(name)?, 256)?;
             let end = bytes.iter().position(|&b| b == 0)?;
             Some(String::from_utf8_lossy(&bytes[..end]).into_owned())
         })

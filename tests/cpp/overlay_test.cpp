@@ -343,6 +343,17 @@ TEST(OverlayFifo, ABaseThatIsNoFileIsRefusedWithoutBlocking)
     EXPECT_EQ(occurrences(text, "is not a regular file"), 1) << text;
 }
 
+// A setting that makes no sense is named when the library is loaded, before any all-reduce
+// runs (a process that only builds engines hears of it too), and only once.
+TEST(OverlaySettings, BadValuesAreNamedAtLoad)
+{
+    void* ours = nullptr;
+    std::string const text = loadAloneAndLog(ours);
+    ASSERT_NE(ours, nullptr);
+    EXPECT_EQ(occurrences(text, "EDGELLM_ALLREDUCE_MAX_BLOCKS=lots is not a CTA count from 1 to 128: ignored"), 1) << text;
+    EXPECT_EQ(occurrences(text, "EDGELLM_ALLREDUCE_TIMEOUT_MS=soon is not a number of milliseconds"), 1) << text;
+}
+
 // A base that cannot be loaded: one clear error naming the file and the loader's reason; ours works.
 TEST(OverlayBroken, OneClearErrorAndOursAlone)
 {
