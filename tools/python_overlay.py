@@ -103,7 +103,6 @@ def record_row(pkg: Package, path: Path) -> list[str]:
 def update_record(pkg: Package, changed: list[Path]) -> None:
     if pkg.record is None:
         return
-    keep_original(pkg.record)
     rows = list(csv.reader(io.StringIO(keep_original(pkg.record).read_text())))
     wanted = {pkg.relative(p): p for p in changed}
     rows = [r for r in rows if r and r[0] not in wanted]
@@ -114,33 +113,56 @@ def update_record(pkg: Package, changed: list[Path]) -> None:
 
 
 def install(pkg: Package, library: Path) -> None:
+    """All or nothing: every payload is checked before anything changes, and a failure while
+    changing them (a full disk, a read-only file) puts back what a first install had moved."""
     if not library.is_file():
         sys.exit(f"python_overlay: {library} does not exist: build it first (tools/install.sh)")
     first = not pkg.installed()
     variants = pkg.variants()
-    ours = sha256(library)
-    changed: list[Path] = []
     for v in variants:
         plugin = pkg.plugin(v)
-        base = plugin.with_name(BASE)
+        if first and sha256(plugin) != v["plugin_sha256"]:
+            sys.exit(f"python_overlay: {plugin} is not the package's own library (SHA-256 differs): nothing touched")
+        if not first and not plugin.with_name(BASE).is_file():
+            sys.exit(f"python_overlay: {plugin.with_name(BASE)} is missing: revert cannot restore {plugin}; reinstall the package")
+    ours = sha256(library)
+    changed: list[Path] = []
+    moved: list[tuple[Path, Path]] = []
+    try:
+        for v in variants:
+            plugin = pkg.plugin(v)
+            base = plugin.with_name(BASE)
+            if first:
+                os.replace(plugin, base)
+                moved.append((base, plugin))
+            replace_with_copy(plugin, library)
+            changed += [plugin, base]
+            print(f"{v['variant_id']}: {pkg.relative(plugin)} is edgellm-allreduce, {BASE} beside it is Edge-LLM's")
+        manifest = json.loads(keep_original(pkg.manifest).read_text())
+        for v in manifest["variants"]:
+            v["plugin_sha256"] = ours
+        replace_with_bytes(pkg.manifest, (json.dumps(manifest, indent=2) + "\n").encode())
+        replace_with_bytes(pkg.marker, (json.dumps({"library": str(library.resolve()), "sha256": ours}, indent=2) + "\n").encode())
+        kept = [pkg.manifest.with_name(pkg.manifest.name + ORIGINAL)]
+        if pkg.record is not None:
+            kept.append(pkg.record.with_name(pkg.record.name + ORIGINAL))
+        update_record(pkg, changed + [pkg.manifest, pkg.marker] + kept)
+    except BaseException:
         if first:
-            if sha256(plugin) != v["plugin_sha256"]:
-                sys.exit(f"python_overlay: {plugin} is not the package's own library (SHA-256 differs): not touched")
-            os.replace(plugin, base)
-        elif not base.is_file():
-            sys.exit(f"python_overlay: {base} is missing: revert cannot restore {plugin}; reinstall the package")
-        replace_with_copy(plugin, library)
-        changed += [plugin, base]
-        print(f"{v['variant_id']}: {pkg.relative(plugin)} is edgellm-allreduce, {BASE} beside it is Edge-LLM's")
-    manifest = json.loads(keep_original(pkg.manifest).read_text())
-    for v in manifest["variants"]:
-        v["plugin_sha256"] = ours
-    replace_with_bytes(pkg.manifest, (json.dumps(manifest, indent=2) + "\n").encode())
-    replace_with_bytes(pkg.marker, (json.dumps({"library": str(library.resolve()), "sha256": ours}, indent=2) + "\n").encode())
-    kept = [pkg.manifest.with_name(pkg.manifest.name + ORIGINAL)]
-    if pkg.record is not None:
-        kept.append(pkg.record.with_name(pkg.record.name + ORIGINAL))
-    update_record(pkg, changed + [pkg.manifest, pkg.marker] + kept)
+            undo_first_install(pkg, moved)
+        raise
+
+
+def undo_first_install(pkg: Package, moved: list[tuple[Path, Path]]) -> None:
+    """Puts back what a first install that failed half-way had changed: the libraries, the
+    manifest and RECORD (their kept originals), no marker."""
+    for base, plugin in moved:
+        os.replace(base, plugin)
+    for path in (pkg.manifest, pkg.record):
+        if path is not None and path.with_name(path.name + ORIGINAL).is_file():
+            os.replace(path.with_name(path.name + ORIGINAL), path)
+    pkg.marker.unlink(missing_ok=True)
+    print(f"python_overlay: install failed; {pkg.root} is as it was", file=sys.stderr)
 
 
 def revert(pkg: Package) -> None:

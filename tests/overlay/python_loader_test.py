@@ -92,6 +92,20 @@ def main() -> None:
                 if p.is_file() and (p.name in ("variants.json", "RECORD") or p.name.startswith("libNvInfer_edgellm_plugin"))}
 
     tool = [sys.executable, str(args.tool)]
+    # All or nothing: with one payload not the package's own (the last one listed), install
+    # refuses before it touches any.
+    manifest = json.loads((pkg / "_native/variants.json").read_text())
+    last = pkg / manifest["variants"][-1]["plugin"]
+    saved = last.with_name(last.name + ".saved")
+    os.replace(last, saved)  # the scratch tree hard-links the site's files: never written in place
+    last.write_bytes(saved.read_bytes() + b"altered")
+    refused = subprocess.run(tool + ["install", "--package", str(pkg), "--library", str(args.library)])
+    os.replace(saved, last)
+    now = {p.relative_to(scratch): sha256(p) for p in scratch.glob("tensorrt_edgellm*/**/*")
+           if p.is_file() and (p.name in ("variants.json", "RECORD") or p.name.startswith("libNvInfer_edgellm_plugin"))}
+    check(refused.returncode != 0 and now == pristine and not (pkg / "_native/edgellm_allreduce_overlay.json").exists(),
+          "an install that must refuse one payload changes none")
+
     subprocess.run(tool + ["install", "--package", str(pkg), "--library", str(args.library)], check=True)
     state = load_in_child(scratch)
     print(json.dumps(state, indent=2))
