@@ -50,7 +50,12 @@ pub fn check_registration(device: i32, comm: Comm, all_reduce: usize) -> Result<
 
 /// Whether [`unregister`] would take these arguments now; nothing is removed.
 pub fn check_unregistration(device: i32, comm: Comm) -> Result<()> {
-    match get(device) {
+    holds(device, get(device), comm)
+}
+
+/// Whether `registered` (device's registration) is exactly `comm`, the rule of unregistering.
+fn holds(device: i32, registered: Option<Registration>, comm: Comm) -> Result<()> {
+    match registered {
         Some(r) if r.comm == comm && comm.0 != 0 => Ok(()),
         Some(r) => Err(Error::OtherCommunicator { device, comm: comm.0, registered: r.comm.0 }),
         None => Err(Error::NothingRegistered(device)),
@@ -71,17 +76,12 @@ pub fn register(device: i32, comm: Comm, all_reduce: usize) -> Result<()> {
 pub fn unregister(device: i32, comm: Comm) -> Result<()> {
     let mut guard = lock();
     let map = guard.get_or_insert_with(HashMap::new);
-    match map.get(&device) {
-        Some(r) if r.comm == comm && comm.0 != 0 => {
-            map.remove(&device);
-            if map.is_empty() {
-                LAST_ALL_REDUCE.store(0, Ordering::Release);
-            }
-            Ok(())
-        }
-        Some(r) => Err(Error::OtherCommunicator { device, comm: comm.0, registered: r.comm.0 }),
-        None => Err(Error::NothingRegistered(device)),
+    holds(device, map.get(&device).copied(), comm)?;
+    map.remove(&device);
+    if map.is_empty() {
+        LAST_ALL_REDUCE.store(0, Ordering::Release);
     }
+    Ok(())
 }
 
 pub fn get(device: i32) -> Option<Registration> {

@@ -44,17 +44,12 @@ impl Stream {
 
 /// Loads the driver and runs `cuInit` once per process.
 fn driver() -> Result<()> {
-    static READY: OnceLock<Result<(), (u32, Option<&'static str>)>> = OnceLock::new();
+    static READY: OnceLock<Result<()>> = OnceLock::new();
     // SAFETY: cuInit is idempotent and takes no pointer.
-    let ready = READY.get_or_init(|| match unsafe { driver::cuInit(0) } {
+    match READY.get_or_init(|| unsafe { driver::cuInit(0) }) {
         Ok(()) => Ok(()),
-        Err(Error::Cuda { code, name, .. }) => Err((code, name)),
-        Err(_) => Err((u32::MAX, None)), // no driver library, or no cuInit in it
-    });
-    match *ready {
-        Ok(()) => Ok(()),
-        Err((u32::MAX, None)) => Err(Error::NoDriver),
-        Err((code, name)) => Err(Error::Cuda { call: "cuInit", code, name }),
+        &Err(Error::Cuda { call, code, name }) => Err(Error::Cuda { call, code, name }),
+        Err(_) => Err(Error::NoDriver), // no driver library, or none with cuInit
     }
 }
 
