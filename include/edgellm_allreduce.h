@@ -68,8 +68,9 @@ int edgellmAllReduceLastError(int deviceId);
 // rank's device at the same point of the call sequence (before tearing the runtime down if you
 // do not unregister the communicators, which does it too; after a failure, to go on with NCCL).
 // A CUDA graph captured before keeps the memory until it is destroyed; a replay then only
-// fills its outputs with NaN and reports fault 3 (`edgellmAllReduceLastError`). The memory is freed at the next
-// registration, unregistration, setup or release call after the last such graph is destroyed.
+// fills its outputs with NaN and reports fault 3 (`edgellmAllReduceLastError`). The memory is
+// freed at the next registration, unregistration, setup or release call after the last such
+// graph is destroyed.
 // Returns false when the device had no group.
 bool edgellmAllReduceReleaseWorkspaces(int deviceId);
 

@@ -5,21 +5,16 @@ mod common;
 
 use std::path::Path;
 
-use common::{build, build_graph, gamma_values, int_attr, tensor, value_info, Inverse, Spec, Square, Weight, HIDDEN};
+use common::{
+    build, build_graph, gamma_values, int_attr, nodes, refuses, run, tensor, value_info, Inverse, Spec, Square, Weight,
+    HIDDEN,
+};
 use edgellm_allreduce_fuse::dtype::{BFLOAT16, FLOAT, FLOAT16};
 use edgellm_allreduce_fuse::graph::{float_attr, int_attr as read_int};
 use edgellm_allreduce_fuse::proto::{ModelProto, NodeProto};
 use edgellm_allreduce_fuse::report::{Outcome, Report};
 use edgellm_allreduce_fuse::rewrite::Fields;
 use edgellm_allreduce_fuse::{check_structure, constant, fuse, Options};
-
-fn run(model: &mut ModelProto) -> Report {
-    fuse(model, &Options::default(), Path::new(".")).expect("the pass runs")
-}
-
-fn nodes(model: &ModelProto) -> &[NodeProto] {
-    &model.graph.as_ref().unwrap().node
-}
 
 fn fused_node(model: &ModelProto) -> &NodeProto {
     let fused: Vec<_> = nodes(model).iter().filter(|n| n.op_type == "AllReducePlugin").collect();
@@ -243,18 +238,6 @@ fn only_leaves_the_other_candidates() {
     assert_eq!(read_int(plugins[0], "fusion_op"), None, "candidate 1 is untouched");
     assert_eq!(read_int(plugins[1], "fusion_op"), Some(1));
     assert!(nodes(&one).iter().any(|n| n.op_type == "Pow"), "candidate 1's norm stays");
-}
-
-/// The pass leaves the graph as it was and says why.
-fn refuses(mut model: ModelProto, why: &str) {
-    let before = model.clone();
-    let report = run(&mut model);
-    assert_eq!(report.fused(), 0, "{report}");
-    match &report.candidates[0].outcome {
-        Outcome::Left(reason) => assert!(reason.contains(why), "reason '{reason}' should say '{why}'"),
-        other => panic!("expected a refusal, got {other:?}"),
-    }
-    assert_eq!(model, before, "a refused chain leaves the graph as it was");
 }
 
 fn with_extra_reader(value: &str) -> ModelProto {

@@ -4,22 +4,12 @@
 
 mod common;
 
-use std::path::Path;
-
-use common::{build_graph, int_attr, ints_attr, tensor, value_info, Graph, Spec, HIDDEN, TOKENS};
+use common::{build_graph, int_attr, ints_attr, nodes, refuses, run, tensor, value_info, Graph, Spec, HIDDEN, TOKENS};
+use edgellm_allreduce_fuse::check_structure;
 use edgellm_allreduce_fuse::dtype::{FLOAT, FLOAT16, INT64};
 use edgellm_allreduce_fuse::graph::int_attr as read_int;
 use edgellm_allreduce_fuse::proto::{ModelProto, NodeProto};
 use edgellm_allreduce_fuse::report::{Outcome, Report};
-use edgellm_allreduce_fuse::{check_structure, fuse, Options};
-
-fn run(model: &mut ModelProto) -> Report {
-    fuse(model, &Options::default(), Path::new(".")).expect("the pass runs")
-}
-
-fn nodes(model: &ModelProto) -> &[NodeProto] {
-    &model.graph.as_ref().unwrap().node
-}
 
 /// The default chain with `layout` (nodes reading "sum", ending in "view") put between the
 /// residual sum and the norm; the graph's other reader of the sum (`y = normed * sum`) reads
@@ -130,18 +120,6 @@ fn identity_only_needs_no_copy() {
     });
     let report = run(&mut model);
     assert_eq!(assert_fused_through(&model, &report, &["Identity"]), "normed");
-}
-
-/// The pass leaves the graph as it was and says why.
-fn refuses(mut model: ModelProto, why: &str) {
-    let before = model.clone();
-    let report = run(&mut model);
-    assert_eq!(report.fused(), 0, "{report}");
-    match &report.candidates[0].outcome {
-        Outcome::Left(reason) => assert!(reason.contains(why), "reason '{reason}' should say '{why}'"),
-        other => panic!("expected a refusal, got {other:?}"),
-    }
-    assert_eq!(model, before, "a refused chain leaves the graph as it was");
 }
 
 #[test]

@@ -8,7 +8,10 @@ use edgellm_allreduce_fuse::proto::{
     AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorProto, TensorShapeProto, TypeProto,
     ValueInfoProto,
 };
+use edgellm_allreduce_fuse::report::{Outcome, Report};
+use edgellm_allreduce_fuse::{fuse, Options};
 use half::{bf16, f16};
+use std::path::Path;
 
 pub const HIDDEN: i64 = 64;
 pub const TOKENS: i64 = -1; // a symbolic dimension, "tokens"
@@ -319,4 +322,26 @@ fn norm_primitive(g: &mut Graph, spec: &Spec) {
             g.node("Cast", &["nw"], &["normed"], vec![int_attr("to", t as i64)]);
         }
     }
+}
+
+/// The pass on `model` with the default options.
+pub fn run(model: &mut ModelProto) -> Report {
+    fuse(model, &Options::default(), Path::new(".")).expect("the pass runs")
+}
+
+/// The model's nodes.
+pub fn nodes(model: &ModelProto) -> &[NodeProto] {
+    &model.graph.as_ref().unwrap().node
+}
+
+/// The pass leaves the graph as it was and says why.
+pub fn refuses(mut model: ModelProto, why: &str) {
+    let before = model.clone();
+    let report = run(&mut model);
+    assert_eq!(report.fused(), 0, "{report}");
+    match &report.candidates[0].outcome {
+        Outcome::Left(reason) => assert!(reason.contains(why), "reason '{reason}' should say '{why}'"),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    assert_eq!(model, before, "a refused chain leaves the graph as it was");
 }
