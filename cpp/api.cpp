@@ -3,7 +3,7 @@
 
 #include "trt_edgellm/plugins/allReducePlugin.h"
 
-#include "edgellm-allreduce/src/lib.rs.h"
+#include "edgellm-allreduce/src/api/bridge.rs.h"
 
 namespace trt_edgellm
 {

@@ -1,4 +1,4 @@
-// The C++ functions the Rust core calls (declared in the cxx bridge of src/lib.rs). They live in
+// The C++ functions the Rust core calls (declared in the cxx bridge of src/api/bridge.rs). They live in
 // cpp/registration.cpp, next to the TensorRT 10/11 registry and logger layouts they depend on.
 #pragma once
 

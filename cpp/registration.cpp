@@ -20,7 +20,7 @@
 #include "trt_edgellm/plugins/allReducePlugin.h"
 
 #include "edgellm-allreduce/cpp/bridge.h"
-#include "edgellm-allreduce/src/lib.rs.h"
+#include "edgellm-allreduce/src/api/bridge.rs.h"
 
 #include <dlfcn.h>
 

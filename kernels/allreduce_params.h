@@ -166,6 +166,11 @@
                   ? (uint64_t)(max_blocks)                                               \
                   : EAR_CEIL_DIV((vecs), EAR_LAMPORT_BLOCK(vecs, max_blocks))))
 
+/* The rank counts the kernels are instantiated for, written once: M(..., N) for each (Rust's
+ * RANK_COUNTS is checked against this list through layout.c's ear_rank_counts). */
+#define EAR_FOR_EACH_RANK_COUNT(M, ...) \
+  M(__VA_ARGS__, 2) M(__VA_ARGS__, 4) M(__VA_ARGS__, 6) M(__VA_ARGS__, 8) M(__VA_ARGS__, 16)
+
 /* EarAllReduceParams (ear_contract.h) is the only kernel argument, passed by value. */
 #ifdef __cplusplus
 static_assert(sizeof(EarAllReduceParams) == 200, "EarAllReduceParams must be 200 bytes");
@@ -248,6 +253,38 @@ static inline uint32_t ear_fused_lamport_grid_of(uint64_t tokens, uint32_t hidde
   const uint64_t cap = max_blocks < 1u ? 1u : max_blocks;
   return (uint32_t)(g > cap ? cap : g);
 }
+/* The launch plan of one rank's call (EarPlan, ear_contract.h): grid and block of `family`
+ * (EAR_FAMILY_*) for `op` (EAR_OP_*), from the call alone, so every rank launches the same grid.
+ * count: elements of a plain all-reduce; tokens, hidden: rows of the fused op and of the norm
+ * kernel alone; elem: bytes per element; max_blocks: the group's grid cap (clamped to
+ * [1, EAR_MAX_BLOCKS]); sm_count: SMs of the device (the norm kernel alone takes up to 4 waves:
+ * it waits on nothing). flags are the caller's (0 here). The library (layout.c's ear_plan) and
+ * the kernel simulations take every launch from this function. */
+static inline EarPlan ear_plan_of(int32_t family, int32_t op, uint64_t count, uint64_t tokens, uint32_t hidden,
+                                  uint32_t elem, int32_t nranks, uint32_t max_blocks, int32_t sm_count) {
+  EarPlan p;
+  const uint32_t cap = max_blocks < 1u ? 1u : max_blocks > EAR_MAX_BLOCKS ? EAR_MAX_BLOCKS : max_blocks;
+  const uint64_t vecs = EAR_CEIL_DIV(count * (uint64_t)elem, EAR_VEC_BYTES);
+  p.family = family;
+  p.op = op;
+  p.flags = 0u;
+  if (family == EAR_FAMILY_NORM) {
+    p.grid = EAR_FUSED_GRID(tokens, (uint32_t)(sm_count < 1 ? 1 : sm_count) * 4u);
+    p.block = EAR_FUSED_BLOCK(hidden, elem);
+  } else if (op == EAR_OP_RESIDUAL_RMSNORM) {
+    p.grid = family == EAR_FAMILY_LAMPORT ? ear_fused_lamport_grid_of(tokens, hidden, elem, cap)
+                                          : EAR_FUSED_GRID(tokens, cap);
+    p.block = EAR_FUSED_BLOCK(hidden, elem);
+  } else if (family == EAR_FAMILY_LAMPORT) {
+    p.grid = EAR_LAMPORT_GRID(vecs, cap);
+    p.block = EAR_LAMPORT_BLOCK(vecs, cap);
+  } else {
+    p.grid = EAR_GRID(family == EAR_FAMILY_TWOSHOT ? EAR_CEIL_DIV(vecs, (uint64_t)(nranks < 1 ? 1 : nranks)) : vecs, cap);
+    p.block = EAR_BLOCK_THREADS;
+  }
+  return p;
+}
+
 /* Staged bytes of a [tokens, hidden] message (one-shot bank, Lamport row). */
 #define EAR_FUSED_STAGE_BYTES(tokens, hidden, elem) \
   ((uint64_t)(tokens) * EAR_FUSED_ROW_VECS(hidden, elem) * EAR_VEC_BYTES)

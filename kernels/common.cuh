@@ -27,7 +27,16 @@ constexpr int kThreads = EAR_BLOCK_THREADS;
 #include "lamport.cuh"
 #include "rows.cuh"
 
-// Each kernel file lists its 15 extern "C" kernels with this macro, in one place at its end:
+// The element types the kernels are instantiated for, written once: M(..., TNAME, T) for each
+// (Rust: TYPES).
+#define EAR_FOR_EACH_TYPE(M, ...) \
+  M(__VA_ARGS__, f32, float) M(__VA_ARGS__, f16, __half) M(__VA_ARGS__, bf16, __nv_bfloat16)
+
+// Every instance of a family's kernel, one line at the end of its file: DEFINE(FAMILY, BODY,
+// TNAME, T, N) for each type and rank count.
+#define EAR_DEFINE_INSTANCES(DEFINE, FAMILY, BODY) EAR_FOR_EACH_TYPE(EAR_INSTANCES_OF_TYPE_, DEFINE, FAMILY, BODY)
+#define EAR_INSTANCES_OF_TYPE_(DEFINE, FAMILY, BODY, TNAME, T) EAR_FOR_EACH_RANK_COUNT(DEFINE, FAMILY, BODY, TNAME, T)
+
 // ear_<FAMILY>_<TNAME>_n<N>(EarAllReduceParams) running BODY<T, N> on every CTA.
 #define EAR_DEFINE_KERNEL(FAMILY, BODY, TNAME, T, N)                                       \
   extern "C" __global__ void __launch_bounds__(EAR_BLOCK_THREADS, 1)                        \

@@ -77,3 +77,21 @@ uint64_t ear_fused_params_size(void)
 {
     return sizeof(EarFusedParams);
 }
+
+/* The launch plan (allreduce_params.h's ear_plan_of): the library's only launch rule. */
+EarPlan ear_plan(int32_t family, int32_t op, uint64_t count, uint64_t tokens, uint32_t hidden, uint32_t elem,
+                 int32_t nranks, uint32_t max_blocks, int32_t sm_count)
+{
+    return ear_plan_of(family, op, count, tokens, hidden, elem, nranks, max_blocks, sm_count);
+}
+
+#define EAR_STORE_RANK_COUNT_(unused, N) \
+    if (n < cap) out[n] = N;             \
+    ++n;
+/* The rank counts of EAR_FOR_EACH_RANK_COUNT into out[0..cap); returns how many there are. */
+int32_t ear_rank_counts(int32_t* out, int32_t cap)
+{
+    int32_t n = 0;
+    EAR_FOR_EACH_RANK_COUNT(EAR_STORE_RANK_COUNT_, 0)
+    return n;
+}

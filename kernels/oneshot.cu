@@ -97,18 +97,4 @@ __device__ __forceinline__ void oneshot_body(const EarAllReduceParams& p) {
 
 }  // namespace ear
 
-EAR_DEFINE_KERNEL(oneshot_barrier, ear::oneshot_body, f32, float, 2)
-EAR_DEFINE_KERNEL(oneshot_barrier, ear::oneshot_body, f32, float, 4)
-EAR_DEFINE_KERNEL(oneshot_barrier, ear::oneshot_body, f32, float, 6)
-EAR_DEFINE_KERNEL(oneshot_barrier, ear::oneshot_body, f32, float, 8)
-EAR_DEFINE_KERNEL(oneshot_barrier, ear::oneshot_body, f32, float, 16)
-EAR_DEFINE_KERNEL(oneshot_barrier, ear::oneshot_body, f16, __half, 2)
-EAR_DEFINE_KERNEL(oneshot_barrier, ear::oneshot_body, f16, __half, 4)
-EAR_DEFINE_KERNEL(oneshot_barrier, ear::oneshot_body, f16, __half, 6)
-EAR_DEFINE_KERNEL(oneshot_barrier, ear::oneshot_body, f16, __half, 8)
-EAR_DEFINE_KERNEL(oneshot_barrier, ear::oneshot_body, f16, __half, 16)
-EAR_DEFINE_KERNEL(oneshot_barrier, ear::oneshot_body, bf16, __nv_bfloat16, 2)
-EAR_DEFINE_KERNEL(oneshot_barrier, ear::oneshot_body, bf16, __nv_bfloat16, 4)
-EAR_DEFINE_KERNEL(oneshot_barrier, ear::oneshot_body, bf16, __nv_bfloat16, 6)
-EAR_DEFINE_KERNEL(oneshot_barrier, ear::oneshot_body, bf16, __nv_bfloat16, 8)
-EAR_DEFINE_KERNEL(oneshot_barrier, ear::oneshot_body, bf16, __nv_bfloat16, 16)
+EAR_DEFINE_INSTANCES(EAR_DEFINE_KERNEL, oneshot_barrier, ear::oneshot_body)

@@ -2,16 +2,16 @@
 //! it imports only the kernels' constants; `crate::config()` logs, once, every value that was
 //! set but not understood, by name).
 
-use crate::contract::EAR_MAX_BLOCKS;
+use crate::launch::contract::EAR_MAX_BLOCKS;
 use std::sync::OnceLock;
 
 /// The largest `EDGELLM_ALLREDUCE_WORKSPACE_BYTES` taken (1 TiB): the workspace rule's
 /// arithmetic stays far from overflowing.
-pub const MAX_WORKSPACE_BYTES: u64 = 1 << 40;
+pub(crate) const MAX_WORKSPACE_BYTES: u64 = 1 << 40;
 
 /// `EDGELLM_ALLREDUCE_TIMEOUT_MS` when unset: generous next to any all-reduce (microseconds to
 /// milliseconds), short next to a person waiting for a hung job.
-pub const DEFAULT_TIMEOUT_MS: u64 = 10_000;
+pub(crate) const DEFAULT_TIMEOUT_MS: u64 = 10_000;
 
 /// A strategy as asked for: the plugin's `strategy` field, or `EDGELLM_ALLREDUCE_STRATEGY`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -27,7 +27,7 @@ pub enum Requested {
 /// TensorRT's `ILogger::Severity` values; the stderr threshold.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 #[repr(i32)]
-pub enum Severity {
+pub(crate) enum Severity {
     Error = 1,
     Warning = 2,
     Info = 3,
@@ -60,7 +60,7 @@ pub(crate) struct Config {
 
 impl Config {
     /// Parses the knobs from `var` (the environment, or a table in tests).
-    pub fn from(var: impl Fn(&str) -> Option<String>) -> Config {
+    pub(crate) fn from(var: impl Fn(&str) -> Option<String>) -> Config {
         let mut problems = Vec::new();
         let mut parsed = |name: &str, expected: &str, parse: &dyn Fn(&str) -> bool| {
             let value = var(name)?;

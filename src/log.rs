@@ -8,19 +8,32 @@
 //! line longer than [`MAX_LINE`] bytes (a 1 MiB field name quoted in an error) is cut, with
 //! its length said.
 
-pub use crate::config::Severity;
+pub(crate) use crate::config::Severity;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::sync::Mutex;
 
-/// The longest line logged, in bytes; longer ones are cut at a character boundary.
-pub const MAX_LINE: usize = 2048;
+/// Where lines go before stderr: the TensorRT logger, installed by the bridge when the library
+/// is loaded (`crate::api::bridge`); it returns false when the process gave no logger. A sink
+/// keeps this leaf from calling up into the bridge.
+pub(crate) type Sink = fn(Severity, &str) -> bool;
 
-pub fn log(severity: Severity, message: &str) {
+static SINK: std::sync::OnceLock<Sink> = std::sync::OnceLock::new();
+
+/// Installs the sink (once; later calls change nothing).
+pub(crate) fn install_sink(sink: Sink) {
+    let _ = SINK.set(sink);
+}
+
+/// The longest line logged, in bytes; longer ones are cut at a character boundary.
+pub(crate) const MAX_LINE: usize = 2048;
+
+pub(crate) fn log(severity: Severity, message: &str) {
     let message = truncated(message);
     let Some(message) = (if severity <= Severity::Info { counted(&message) } else { Some(message) }) else { return };
     let line = format!("[edgellm-allreduce] {message}");
-    if !crate::ffi::trt_log(severity as i32, &line) && severity <= crate::config::get().log_level {
+    let delivered = SINK.get().is_some_and(|sink| sink(severity, &line));
+    if !delivered && severity <= crate::config::get().log_level {
         // Not eprintln!: it panics when stderr is closed, and logging must never panic.
         use std::io::Write;
         let _ = writeln!(std::io::stderr(), "{line}");
@@ -107,16 +120,16 @@ fn kind(message: &str) -> String {
     out
 }
 
-pub fn error(message: &str) {
+pub(crate) fn error(message: &str) {
     log(Severity::Error, message)
 }
-pub fn warning(message: &str) {
+pub(crate) fn warning(message: &str) {
     log(Severity::Warning, message)
 }
-pub fn info(message: &str) {
+pub(crate) fn info(message: &str) {
     log(Severity::Info, message)
 }
-pub fn verbose(message: &str) {
+pub(crate) fn verbose(message: &str) {
     log(Severity::Verbose, message)
 }
 

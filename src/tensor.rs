@@ -1,7 +1,47 @@
 //! TensorRT tensor descriptions as the plugin sees them: data types, formats, element counts.
 
 use crate::error::{Error, Result};
-use crate::ffi::TensorDesc;
+
+/// A tensor as TensorRT describes it, flattened (the bridge converts TensorRT's at the edge):
+/// `PluginTensorDesc` at run time, `DynamicPluginTensorDesc::desc` at build time, and `DimsExprs`
+/// in `getOutputShapes` (where a dimension that is not a build-time constant is -1).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TensorDesc {
+    pub nb_dims: i32,
+    pub dims: [i64; MAX_DIMS],
+    pub dtype: i32,
+    pub format: i32,
+}
+
+/// The most tensors one call describes (the fused op has 4 inputs and 2 outputs).
+pub(crate) const MAX_TENSORS: usize = 8;
+
+/// Up to [`MAX_TENSORS`] descriptions on the stack: the bridge's conversion allocates nothing
+/// (it runs in enqueue).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Descs {
+    items: [TensorDesc; MAX_TENSORS],
+    len: usize,
+}
+
+impl Descs {
+    /// `descs` converted one by one; an error when there are more than [`MAX_TENSORS`].
+    pub(crate) fn collect<T>(descs: &[T], convert: impl Fn(&T) -> TensorDesc) -> Result<Descs> {
+        if descs.len() > MAX_TENSORS {
+            return Err(Error::shape(format!("{} tensors described; a call has at most {MAX_TENSORS}", descs.len())));
+        }
+        let mut items = [TensorDesc::default(); MAX_TENSORS];
+        items.iter_mut().zip(descs).for_each(|(to, from)| *to = convert(from));
+        Ok(Descs { items, len: descs.len() })
+    }
+}
+
+impl std::ops::Deref for Descs {
+    type Target = [TensorDesc];
+    fn deref(&self) -> &[TensorDesc] {
+        &self.items[..self.len]
+    }
+}
 
 /// TensorRT `DataType` codes of the types the all-reduce accepts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -29,16 +69,16 @@ impl DataType {
 }
 
 /// TensorRT `TensorFormat::kLINEAR`.
-pub const LINEAR: i32 = 0;
+pub(crate) const LINEAR: i32 = 0;
 /// `Dims::MAX_DIMS`.
-pub const MAX_DIMS: usize = 8;
+pub(crate) const MAX_DIMS: usize = 8;
 
-pub fn data_type(desc: &TensorDesc) -> Result<DataType> {
+pub(crate) fn data_type(desc: &TensorDesc) -> Result<DataType> {
     DataType::from_trt(desc.dtype).ok_or(Error::UnsupportedType(desc.dtype))
 }
 
 /// Number of elements of a run-time tensor; every dimension must be known and non-negative.
-pub fn element_count(desc: &TensorDesc) -> Result<usize> {
+pub(crate) fn element_count(desc: &TensorDesc) -> Result<usize> {
     let rank = usize::try_from(desc.nb_dims).ok().filter(|&r| r <= MAX_DIMS);
     let Some(rank) = rank else {
         return Err(Error::shape(format!("tensor has an invalid number of dimensions {}", desc.nb_dims)));
@@ -53,7 +93,7 @@ pub fn element_count(desc: &TensorDesc) -> Result<usize> {
 
 /// Bytes of `count` elements of `dtype`; an error past 2^63 - 1 (TensorRT's int64 volumes: a
 /// larger tensor cannot exist, and the sizes computed from it would wrap).
-pub fn byte_count(count: usize, dtype: DataType) -> Result<u64> {
+pub(crate) fn byte_count(count: usize, dtype: DataType) -> Result<u64> {
     u64::try_from(count)
         .ok()
         .and_then(|c| c.checked_mul(dtype.size() as u64))

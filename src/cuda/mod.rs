@@ -55,7 +55,7 @@ fn driver() -> Result<()> {
 
 /// The device of the calling thread's current context (what `cudaGetDevice` returns under
 /// TensorRT, which always runs plugins with the primary context of their device current).
-pub fn current_device() -> Result<i32> {
+pub(crate) fn current_device() -> Result<i32> {
     driver()?;
     let mut device: sys::CUdevice = 0;
     // SAFETY: the driver is loaded and initialised; `device` is a valid out-pointer.
@@ -68,7 +68,7 @@ pub fn current_device() -> Result<i32> {
 /// # Safety
 /// `dst` and `src` must be device addresses of at least `bytes` bytes in the current context,
 /// and `stream` a stream of that context (or the legacy default stream).
-pub unsafe fn copy_async(dst: DevicePtr, src: DevicePtr, bytes: usize, stream: Stream) -> Result<()> {
+pub(crate) unsafe fn copy_async(dst: DevicePtr, src: DevicePtr, bytes: usize, stream: Stream) -> Result<()> {
     driver()?;
     // SAFETY: the caller's contract.
     unsafe { driver::cuMemcpyDtoDAsync_v2(dst.0, src.0, bytes, stream.raw()) }
@@ -94,7 +94,7 @@ fn primary_context(device: i32) -> Result<sys::CUcontext> {
 
 /// Runs `f` with the primary context of `device` current on this thread, then restores the
 /// caller's context.
-pub fn with_device<T>(device: i32, f: impl FnOnce() -> Result<T>) -> Result<T> {
+pub(crate) fn with_device<T>(device: i32, f: impl FnOnce() -> Result<T>) -> Result<T> {
     let ctx = primary_context(device)?;
     // SAFETY: ctx is a retained primary context; push and pop are balanced below.
     unsafe { driver::cuCtxPushCurrent_v2(ctx) }?;
@@ -108,12 +108,12 @@ pub fn with_device<T>(device: i32, f: impl FnOnce() -> Result<T>) -> Result<T> {
 /// A zero-filled device allocation of the current context, freed on drop after the context
 /// finished its work (setup and teardown time only: both synchronize).
 #[derive(Debug)]
-pub struct DeviceBuffer {
+pub(crate) struct DeviceBuffer {
     ptr: DevicePtr,
 }
 
 impl DeviceBuffer {
-    pub fn zeroed(bytes: usize) -> Result<DeviceBuffer> {
+    pub(crate) fn zeroed(bytes: usize) -> Result<DeviceBuffer> {
         driver()?;
         let mut ptr: sys::CUdeviceptr = 0;
         // SAFETY: allocates in the current context; the buffer owns the allocation from here on.
@@ -125,7 +125,7 @@ impl DeviceBuffer {
         Ok(buffer)
     }
 
-    pub fn ptr(&self) -> DevicePtr {
+    pub(crate) fn ptr(&self) -> DevicePtr {
         self.ptr
     }
 }
@@ -144,7 +144,7 @@ impl Drop for DeviceBuffer {
 
 /// Enables access from `device`'s context to `peer`'s memory (idempotent). False when the
 /// hardware cannot (no NVLink/P2P path between the two).
-pub fn enable_peer_access(device: i32, peer: i32) -> Result<bool> {
+pub(crate) fn enable_peer_access(device: i32, peer: i32) -> Result<bool> {
     driver()?;
     let mut can: std::ffi::c_int = 0;
     // SAFETY: valid out-pointer; device ordinals are checked by the driver.
@@ -167,7 +167,7 @@ pub fn enable_peer_access(device: i32, peer: i32) -> Result<bool> {
 /// link between them (`atom.exch.b128`, the pointer exchange of inputs read in place). Asked of
 /// `cuDeviceGetP2PAtomicCapabilities` (CUDA 13 drivers); a driver without it, or any error, is
 /// a no: the ranks then copy their inputs, as every group did before.
-pub fn p2p_exchange_128(device: i32, peer: i32) -> bool {
+pub(crate) fn p2p_exchange_128(device: i32, peer: i32) -> bool {
     use sys::CUatomicOperationCapability_enum as Cap;
     if driver().is_err() {
         return false;
@@ -200,7 +200,7 @@ fn device_attribute(device: i32, attribute: sys::CUdevice_attribute) -> Result<i
 }
 
 /// Compute capability major and multiprocessor count of `device`.
-pub fn device_properties(device: i32) -> Result<(i32, i32)> {
+pub(crate) fn device_properties(device: i32) -> Result<(i32, i32)> {
     use sys::CUdevice_attribute::*;
     driver()?;
     let major = device_attribute(device, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
@@ -208,14 +208,14 @@ pub fn device_properties(device: i32) -> Result<(i32, i32)> {
 }
 
 /// Compute capability of `device` as major * 10 + minor (90 for sm_90).
-pub fn compute_capability(device: i32) -> Result<u32> {
+pub(crate) fn compute_capability(device: i32) -> Result<u32> {
     let (major, _) = device_properties(device)?;
     let minor = device_attribute(device, sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
     Ok((major * 10 + minor) as u32)
 }
 
 /// Whether `stream` is being captured into a CUDA graph.
-pub fn is_capturing(stream: Stream) -> Result<bool> {
+pub(crate) fn is_capturing(stream: Stream) -> Result<bool> {
     driver()?;
     let mut status = 0u32;
     // SAFETY: `stream` is the caller's stream of the current context; the status is read as a
@@ -247,7 +247,7 @@ impl Function {
 /// Loads a fatbin into the current context and resolves `names`: None for those not in
 /// `defined` (what the module defines; the driver is asked for every name when it is empty) or
 /// not found.
-pub fn load_module(image: &[u8], names: &[String], defined: &[&str]) -> Result<Vec<Option<Function>>> {
+pub(crate) fn load_module(image: &[u8], names: &[String], defined: &[&str]) -> Result<Vec<Option<Function>>> {
     driver()?;
     let mut module: sys::CUmodule = std::ptr::null_mut();
     // SAFETY: `image` is a complete fatbin (embedded at build time); the module is never
@@ -277,7 +277,7 @@ pub fn load_module(image: &[u8], names: &[String], defined: &[&str]) -> Result<V
 /// # Safety
 /// `params` must be the kernel's one parameter, laid out as the kernel expects, and describe
 /// memory the kernel may access; `stream` must be a stream of the context `f` was loaded in.
-pub unsafe fn launch<P>(f: Function, grid: u32, block: u32, stream: Stream, params: &P, pdl: bool) -> Result<()> {
+pub(crate) unsafe fn launch<P>(f: Function, grid: u32, block: u32, stream: Stream, params: &P, pdl: bool) -> Result<()> {
     // SAFETY: CUlaunchAttribute is a plain C struct; all zeros is a valid value.
     let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
     attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
@@ -300,7 +300,7 @@ pub unsafe fn launch<P>(f: Function, grid: u32, block: u32, stream: Stream, para
 }
 
 /// Number of CUDA devices this process sees.
-pub fn device_count() -> Result<i32> {
+pub(crate) fn device_count() -> Result<i32> {
     driver()?;
     let mut count = 0;
     // SAFETY: a valid out-pointer.
@@ -309,7 +309,7 @@ pub fn device_count() -> Result<i32> {
 }
 
 /// The IPC handle of an allocation of the current context (64 opaque bytes).
-pub fn ipc_handle(ptr: DevicePtr) -> Result<[u8; 64]> {
+pub(crate) fn ipc_handle(ptr: DevicePtr) -> Result<[u8; 64]> {
     // SAFETY: CUipcMemHandle is 64 plain bytes; all zeros is a valid value.
     let mut handle: sys::CUipcMemHandle = unsafe { std::mem::zeroed() };
     // SAFETY: ptr is a cuMemAlloc allocation of the current context; valid out-pointer.
@@ -321,7 +321,7 @@ pub fn ipc_handle(ptr: DevicePtr) -> Result<[u8; 64]> {
 /// it is a cuMemAlloc allocation (legacy-IPC capable) of the device's primary context, which
 /// the peer access of [`enable_peer_access`] reaches (pool and VMM memory, and memory of other
 /// contexts, it does not); None for any other or unknown pointer.
-pub fn device_memory(ptr: DevicePtr) -> Option<(i32, bool)> {
+pub(crate) fn device_memory(ptr: DevicePtr) -> Option<(i32, bool)> {
     use sys::CUpointer_attribute as A;
     driver().ok()?;
     let (mut kind, mut device, mut plain, mut context) = (0u32, -1i32, 0u64, 0usize);
@@ -350,12 +350,12 @@ pub fn device_memory(ptr: DevicePtr) -> Option<(i32, bool)> {
 /// Another process's allocation mapped into the current context; unmapped on drop, after the
 /// context finished its work (which must be current then).
 #[derive(Debug)]
-pub struct IpcMapping {
+pub(crate) struct IpcMapping {
     ptr: DevicePtr,
 }
 
 impl IpcMapping {
-    pub fn open(handle: &[u8; 64]) -> Result<IpcMapping> {
+    pub(crate) fn open(handle: &[u8; 64]) -> Result<IpcMapping> {
         // SAFETY: as in ipc_handle.
         let mut h: sys::CUipcMemHandle = unsafe { std::mem::zeroed() };
         h.reserved = handle.map(|b| b as std::ffi::c_char);
@@ -366,7 +366,7 @@ impl IpcMapping {
         Ok(IpcMapping { ptr: DevicePtr(ptr) })
     }
 
-    pub fn ptr(&self) -> DevicePtr {
+    pub(crate) fn ptr(&self) -> DevicePtr {
         self.ptr
     }
 }
@@ -383,7 +383,7 @@ impl Drop for IpcMapping {
 
 /// Setup-time collectives: `enqueue(stream, scratch)` on a private stream of the current context
 /// with `bytes` of zeroed device scratch, a wait for the stream, then `read(scratch)`.
-pub fn with_scratch_stream<T>(
+pub(crate) fn with_scratch_stream<T>(
     bytes: usize,
     enqueue: impl FnOnce(Stream, DevicePtr) -> Result<()>,
     read: impl FnOnce(DevicePtr) -> Result<T>,
@@ -408,7 +408,7 @@ pub fn with_scratch_stream<T>(
 /// context (portable, device-mapped): kernels write it, the host reads it with plain loads,
 /// without synchronizing. Returns its address, which unified addressing makes the device
 /// address too. Never freed (it lives as long as the process). Needs a current context.
-pub fn mapped_host_page(bytes: usize) -> Result<usize> {
+pub(crate) fn mapped_host_page(bytes: usize) -> Result<usize> {
     driver()?;
     let flags = sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP;
     let mut host: *mut std::ffi::c_void = std::ptr::null_mut();
@@ -433,7 +433,7 @@ pub fn mapped_host_page(bytes: usize) -> Result<usize> {
 /// executable graph made from it: a user object owns it, and the driver drops it when the last
 /// of them is destroyed (on a thread of the driver's: the drop must call no CUDA function).
 /// Returns false, dropping `value` at once, when the stream is not capturing.
-pub fn tie_to_capture<T: Send + 'static>(stream: Stream, value: T) -> Result<bool> {
+pub(crate) fn tie_to_capture<T: Send + 'static>(stream: Stream, value: T) -> Result<bool> {
     if !is_capturing(stream)? {
         return Ok(false);
     }
@@ -473,7 +473,7 @@ pub fn tie_to_capture<T: Send + 'static>(stream: Stream, value: T) -> Result<boo
 }
 
 /// Waits for the current context's work (setup and teardown only).
-pub fn synchronize() -> Result<()> {
+pub(crate) fn synchronize() -> Result<()> {
     driver()?;
     // SAFETY: no arguments.
     unsafe { driver::cuCtxSynchronize() }
@@ -481,18 +481,18 @@ pub fn synchronize() -> Result<()> {
 
 /// Writes the 32-bit word at `ptr` (a device address of the current context), synchronously
 /// (setup and teardown only).
-pub fn write_word(ptr: DevicePtr, value: u32) -> Result<()> {
+pub(crate) fn write_word(ptr: DevicePtr, value: u32) -> Result<()> {
     driver()?;
     // SAFETY: the caller's device word.
     unsafe { driver::cuMemsetD32_v2(ptr.0, value, 1) }
 }
 
 /// Host-to-device and device-to-host copies of setup-time scratch (synchronous).
-pub fn copy_to_device(dst: DevicePtr, src: &[u8]) -> Result<()> {
+pub(crate) fn copy_to_device(dst: DevicePtr, src: &[u8]) -> Result<()> {
     // SAFETY: dst holds at least src.len() bytes (the caller's scratch).
     unsafe { driver::cuMemcpyHtoD_v2(dst.0, src.as_ptr().cast(), src.len()) }
 }
-pub fn copy_to_host(dst: &mut [u8], src: DevicePtr) -> Result<()> {
+pub(crate) fn copy_to_host(dst: &mut [u8], src: DevicePtr) -> Result<()> {
     // SAFETY: src holds at least dst.len() bytes (the caller's scratch).
     unsafe { driver::cuMemcpyDtoH_v2(dst.as_mut_ptr().cast(), src.0, dst.len()) }
 }

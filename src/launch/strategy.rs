@@ -12,24 +12,13 @@
 //! strategy that cannot run falls back to NCCL.
 
 pub use crate::config::Requested;
-use crate::family::Family;
-use crate::fields::{PluginConfig, Strategy};
+use crate::launch::family::Family;
 use crate::launch::{Fits, Message};
 use crate::tensor::DataType;
 
-/// The strategy a plugin runs: `EDGELLM_ALLREDUCE_STRATEGY` if set, else its `strategy` field.
-pub fn requested(config: &PluginConfig) -> Requested {
-    crate::config().strategy.unwrap_or(match config.strategy {
-        Strategy::Nccl => Requested::Nccl,
-        Strategy::OneShot => Requested::OneShot,
-        Strategy::TwoShot => Requested::TwoShot,
-        Strategy::Auto => Requested::Auto,
-    })
-}
-
 /// Rows (first whose rank bound is >= the group's ranks) of entries (first whose byte bound is
 /// >= the message's bytes).
-pub type RankTable<T> = &'static [(i32, &'static [(u64, T)])];
+pub(crate) type RankTable<T> = &'static [(i32, &'static [(u64, T)])];
 
 /// AUTO's choice by rank count (first row whose bound is >= the group's ranks) and message size
 /// (first entry whose bound is >= the bytes); `None` is NCCL. For ranks on separate GPUs;
@@ -45,7 +34,7 @@ pub type RankTable<T> = &'static [(i32, &'static [(u64, T)])];
 /// 2(N-1)/N*S: at ~360 GB/s the two-shot's second barrier and gather (~3 us at 256 KiB in the
 /// simulation's stage timings) pay for themselves from ~700 KB at 4 ranks and ~200 KB at 8
 /// (vLLM switches at 512 KB and 256 KB). docs/PERFORMANCE.md, "Four and eight ranks".
-pub const AUTO_TABLE: RankTable<Option<Family>> = &[
+pub(crate) const AUTO_TABLE: RankTable<Option<Family>> = &[
     (
         2,
         &[(2 << 20, Some(Family::Lamport)), (64 << 20, Some(Family::TwoShot)), (u64::MAX, None)],
@@ -73,7 +62,7 @@ pub const AUTO_TABLE: RankTable<Option<Family>> = &[
 /// KiB, 177 against the two-shot's 198 at 64 MiB); 8 ranks Lamport to 64 KiB (level there: 9.0
 /// both), the one-shot to 512 KiB (12.1 against 12.9), the two-shot above (14.2 against 15.7
 /// at 1 MiB, 331 against 507 at 64 MiB).
-pub const ONE_DEVICE_AUTO_TABLE: RankTable<Option<Family>> = &[
+pub(crate) const ONE_DEVICE_AUTO_TABLE: RankTable<Option<Family>> = &[
     (
         2,
         &[(1 << 20, Some(Family::Lamport)), (64 << 20, Some(Family::OneShot)), (u64::MAX, None)],
@@ -90,7 +79,7 @@ pub const ONE_DEVICE_AUTO_TABLE: RankTable<Option<Family>> = &[
 
 /// How AUTO runs the fused all-reduce + residual + RMSNorm at a size.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FusedChoice {
+pub(crate) enum FusedChoice {
     /// The family's fused kernel.
     Fused(Family),
     /// The family's plain all-reduce, then the separate residual + RMSNorm kernel: faster once
@@ -108,7 +97,7 @@ pub enum FusedChoice {
 /// 65.2 us at 256, 512 and 1024 x 8192 against the split two-shot's 22.3, 44.0 and 80.4).
 /// 4 and more ranks: from the simulation (fused Lamport best up to 256 KiB at 4 ranks and
 /// 8 KiB at 8, fused one-shot above).
-pub const FUSED_AUTO_TABLE: RankTable<FusedChoice> = &[
+pub(crate) const FUSED_AUTO_TABLE: RankTable<FusedChoice> = &[
     (
         2,
         &[
@@ -146,7 +135,7 @@ pub const FUSED_AUTO_TABLE: RankTable<FusedChoice> = &[
 /// against 24.2 at 128 x 8192) and from 16 KiB at 8 (10.9 against 12.2 at 1 x 8192, 46.2 against
 /// 49.7 at 128 x 8192); for rows of 4096 the fused kernels stay ahead (15.3 against 16.2 at 4
 /// ranks, 128 x 4096). Wider than 4096 was measured at 8192 only.
-pub const ONE_DEVICE_FUSED_AUTO_TABLE: RankTable<FusedChoice> = &[
+pub(crate) const ONE_DEVICE_FUSED_AUTO_TABLE: RankTable<FusedChoice> = &[
     (
         2,
         &[
@@ -174,7 +163,7 @@ pub const ONE_DEVICE_FUSED_AUTO_TABLE: RankTable<FusedChoice> = &[
 ];
 
 /// [`ONE_DEVICE_FUSED_AUTO_TABLE`] for rows wider than [`NARROW_ROW`] elements.
-pub const ONE_DEVICE_FUSED_AUTO_TABLE_WIDE: RankTable<FusedChoice> = &[
+pub(crate) const ONE_DEVICE_FUSED_AUTO_TABLE_WIDE: RankTable<FusedChoice> = &[
     (
         2,
         &[
@@ -203,7 +192,7 @@ pub const ONE_DEVICE_FUSED_AUTO_TABLE_WIDE: RankTable<FusedChoice> = &[
 ];
 
 /// The widest row (hidden size, elements) of the one-device fused tables' narrow class.
-pub const NARROW_ROW: u32 = 4096;
+pub(crate) const NARROW_ROW: u32 = 4096;
 
 fn row_of<T: Copy>(table: RankTable<T>, nranks: i32, bytes: u64) -> Option<T> {
     let row = table.iter().find(|(n, _)| nranks <= *n).unwrap_or(&table[table.len() - 1]).1;

@@ -4,11 +4,11 @@
 
 use crate::cuda;
 use crate::error::{Error, Result};
-use crate::registry::Registration;
+use super::Registration;
 use std::ffi::{c_int, c_void};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct CommInfo {
+pub(crate) struct CommInfo {
     pub nranks: i32,
     pub rank: i32,
     pub device: i32,
@@ -16,9 +16,9 @@ pub struct CommInfo {
 
 /// `ncclCommCount`, `ncclCommUserRank`, `ncclCommCuDevice` of the registered communicator, or
 /// None when they cannot be asked (the registered function is not NCCL's, or a call failed).
-pub fn describe(registration: &Registration) -> Option<CommInfo> {
+pub(crate) fn describe(registration: &Registration) -> Option<CommInfo> {
     type Query = unsafe extern "C" fn(*mut c_void, *mut c_int) -> c_int;
-    let lib = crate::loader::library_of(registration.all_reduce)?;
+    let lib = crate::overlay::loader::library_of(registration.all_reduce)?;
     let ask = |name: &[u8]| -> Option<i32> {
         // SAFETY: these NCCL functions have the signature `ncclResult_t f(ncclComm_t, int*)`.
         let f = unsafe { lib.get::<Query>(name) }.ok()?;
@@ -36,10 +36,10 @@ pub fn describe(registration: &Registration) -> Option<CommInfo> {
 /// `ncclAllGather` of `mine` (the same length on every rank) over the registered communicator,
 /// through its own NCCL library. A collective: every rank must call it, and it blocks until all
 /// have (setup time only). The current context must be the rank's device.
-pub fn all_gather(registration: &Registration, nranks: i32, mine: &[u8]) -> Result<Vec<u8>> {
+pub(crate) fn all_gather(registration: &Registration, nranks: i32, mine: &[u8]) -> Result<Vec<u8>> {
     type AllGather = unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, *mut c_void, *mut c_void) -> c_int;
     const NCCL_UINT8: c_int = 1;
-    let lib = crate::loader::library_of(registration.all_reduce).ok_or(Error::NotNccl)?;
+    let lib = crate::overlay::loader::library_of(registration.all_reduce).ok_or(Error::NotNccl)?;
     // SAFETY: ncclAllGather's C signature is AllGather.
     let all_gather = unsafe { lib.get::<AllGather>(b"ncclAllGather\0") }.map_err(|_| Error::NcclSymbol("ncclAllGather"))?;
     let n = mine.len();

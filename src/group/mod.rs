@@ -1,23 +1,38 @@
-//! One group's memory: the ranks of one communicator that this process drives with the custom
-//! kernels, per rank a workspace (staging buffers and barrier slots that peers read and write,
-//! and the abort word) and a local state block (call counters that only the kernels advance:
-//! CUDA-graph safe), allocated once and zero-filled. Sizes follow `kernels/allreduce_params.h`
-//! ([`family::workspace_bytes`]). Which devices form a group is `crate::groups`'s business;
-//! [`Group::simulated`] puts N ranks on one device for tests and benchmarks.
+//! Devices and groups. A group is the ranks of one communicator that this process drives with
+//! the custom kernels: per rank a workspace (staging buffers and barrier slots that peers read
+//! and write, and the abort word) and a local state block (call counters that only the kernels
+//! advance: CUDA-graph safe), allocated once and zero-filled; sizes follow
+//! `kernels/allreduce_params.h` ([`family::workspace_bytes`]).
 //!
-//! Lifetime: a group has a generation (its faults name it, `crate::fault`). Released, it is
-//! retired (its abort words set, after its devices finished their work: a CUDA graph that
-//! still replays its kernels finds them aborted and records a fault). Its memory is freed only
-//! once the last reference goes, and CUDA graphs that captured its kernels hold references
-//! (`cuda::tie_to_capture`); even then it is only handed to `crate::reclaim`, which frees it at
-//! the runtime's next setup or teardown call.
+//! | file | owns |
+//! |---|---|
+//! | [`device`] | the one record per device: kernels, registration, group (or its failure) |
+//! | [`formation`] | which devices form a group, at registration; [`exchange`]: across processes |
+//! | `mod.rs` (here) | one group's memory, generation, retirement, the stream that owns a rank |
+//! | [`run`] | one call: plan and launch |
+//! | [`fault`] | the kernels' fault words, read without synchronizing |
+//! | [`reclaim`] | memory of released groups, freed at setup and teardown |
+//!
+//! Lifetime: a group has a generation (its faults name it). Released, it is retired (its abort
+//! words set, after its devices finished their work: a CUDA graph that still replays its kernels
+//! finds them aborted and records a fault). Its memory is freed only once the last reference
+//! goes, and CUDA graphs that captured its kernels hold references (`cuda::tie_to_capture`);
+//! even then it is only handed to [`reclaim`], which frees it at the runtime's next setup or
+//! teardown call. [`Group::simulated`] puts N ranks on one device for tests and benchmarks.
 
-use crate::contract::{EAR_FAULT_RELEASED, EAR_MAX_BLOCKS, EAR_MAX_RANKS};
+pub(crate) mod device;
+pub(crate) mod exchange;
+pub(crate) mod fault;
+pub(crate) mod formation;
+pub(crate) mod reclaim;
+pub(crate) mod run;
+
 use crate::cuda::{self, DeviceBuffer, DevicePtr, IpcMapping, Stream};
 use crate::error::{Error, Result};
-use crate::fault::{self, Fault};
-use crate::family::{self, RANK_COUNTS};
-use crate::kernels::{self, DeviceKernels};
+use crate::launch::contract::{EAR_FAULT_RELEASED, EAR_MAX_BLOCKS, EAR_MAX_RANKS};
+use crate::launch::family::{self, RANK_COUNTS};
+use crate::launch::kernels::DeviceKernels;
+use fault::Fault;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -43,7 +58,7 @@ fn timeout_ns() -> u64 {
 
 /// The grid cap of a rank on `device`.
 pub(crate) fn device_max_blocks(device: i32) -> Result<u32> {
-    Ok(max_blocks(kernels::for_device(device)?.sm_count.max(1) as u32))
+    Ok(max_blocks(device::kernels(device)?.sm_count.max(1) as u32))
 }
 
 /// `Member::stream` before a stream claimed the rank.
@@ -55,7 +70,7 @@ pub(crate) struct Member {
     pub workspace: DeviceBuffer,
     pub state: DeviceBuffer,
     pub kernels: Arc<DeviceKernels>,
-    /// The device's fault word (`crate::fault`).
+    /// The device's fault word (`crate::group::fault`).
     pub fault: DevicePtr,
     /// The stream that runs this rank's custom all-reduces: the first that ran one.
     stream: AtomicUsize,
@@ -63,8 +78,8 @@ pub(crate) struct Member {
 
 impl Member {
     /// One rank's workspace and state block on `device` (whose context is current).
-    pub fn allocate(device: i32, max_bytes: u64, nranks: i32) -> Result<Member> {
-        let kernels = kernels::for_device(device)?;
+    pub(crate) fn allocate(device: i32, max_bytes: u64, nranks: i32) -> Result<Member> {
+        let kernels = device::kernels(device)?;
         kernels.require_all()?;
         let fault = fault::word(device)?;
         let workspace = DeviceBuffer::zeroed(family::workspace_bytes(max_bytes, nranks) as usize)?;
@@ -107,7 +122,7 @@ pub struct Group {
 impl Group {
     /// Allocates one workspace per rank, rank `r` on `devices[r]`.
     fn allocate(devices: &[i32], max_bytes: u64, max_blocks: u32) -> Result<Group> {
-        crate::reclaim::free_released_memory();
+        reclaim::free_released_memory();
         let nranks = devices.len() as i32;
         let mut group = Group::empty(nranks, max_bytes, max_blocks)?;
         for (rank, &device) in devices.iter().enumerate() {
@@ -160,7 +175,7 @@ impl Group {
     /// `nranks` simulated ranks on one device, for tests and benchmarks. Each rank's grid is
     /// capped at SMs / nranks so that all ranks' CTAs are co-resident (they spin on each other).
     pub fn simulated(device: i32, nranks: i32, max_bytes: u64) -> Result<Group> {
-        let sms = kernels::for_device(device)?.sm_count as u32;
+        let sms = device::kernels(device)?.sm_count as u32;
         let max_blocks = max_blocks((sms / nranks.max(1) as u32).max(1));
         let mut group = Self::allocate(&vec![device; nranks.max(0) as usize], max_bytes, max_blocks)?;
         group.links_exchange = true; // one device: its own memory's atomics
@@ -237,13 +252,13 @@ fn claim(owner: &AtomicUsize, stream: Stream) -> bool {
 impl Drop for Group {
     /// The last Arc is gone: no enqueue and no CUDA graph can launch on these buffers again.
     /// Nothing is freed here (this may be an enqueue thread or the driver's graph callback):
-    /// the memory goes to `crate::reclaim`.
+    /// the memory goes to `crate::group::reclaim`.
     fn drop(&mut self) {
         for (device, mapping) in self.imported.drain(..) {
-            crate::reclaim::defer(device, mapping);
+            reclaim::defer(device, mapping);
         }
         for member in self.members.drain(..).flatten() {
-            crate::reclaim::defer(member.device, (member.workspace, member.state));
+            reclaim::defer(member.device, (member.workspace, member.state));
         }
     }
 }

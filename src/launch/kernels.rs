@@ -1,13 +1,13 @@
 //! The embedded CUDA kernels (`kernels/*.cu`, compiled by build.rs into fatbins), loaded once
-//! per device: every family's kernels by name ([`crate::family`] names them), and the residual
+//! per device (`crate::group::device` keeps them): every family's kernels by name ([`crate::launch::family`] names them), and the residual
 //! + RMSNorm kernel that follows NCCL.
 
 use crate::cuda::{self, Function};
 use crate::error::{Error, Result};
-use crate::family::{self, Family, Op, RANK_COUNTS, TYPES};
+use crate::launch::family::{self, Family, Op, RANK_COUNTS, TYPES};
 use crate::tensor::DataType;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+
 
 include!(concat!(env!("OUT_DIR"), "/kernels.rs"));
 
@@ -31,7 +31,7 @@ pub struct DeviceKernels {
 }
 
 impl DeviceKernels {
-    fn load(device: i32) -> Result<Self> {
+    pub(crate) fn load(device: i32) -> Result<Self> {
         let (major, sm_count) = cuda::device_properties(device)?;
         let keys: Vec<(Family, Op, DataType, i32)> = Family::ALL
             .iter()
@@ -68,7 +68,7 @@ impl DeviceKernels {
         })?;
         let unavailable = (!failed.is_empty()).then(|| {
             let cc = cuda::compute_capability(device).unwrap_or(major as u32 * 10);
-            let message = crate::kernel_images::unavailable_message(device, cc, IMAGES, &failed, norms.len() == TYPES.len());
+            let message = crate::launch::kernel_images::unavailable_message(device, cc, IMAGES, &failed, norms.len() == TYPES.len());
             crate::log::warning(&message);
             message
         });
@@ -99,20 +99,6 @@ impl DeviceKernels {
     pub fn norm(&self, dtype: DataType) -> Option<Function> {
         self.norms.get(&dtype).copied()
     }
-}
-
-/// The kernels of `device`, loaded on first use (setup time, never in enqueue's first call:
-/// groups load them when they are formed).
-pub fn for_device(device: i32) -> Result<Arc<DeviceKernels>> {
-    static LOADED: Mutex<Option<HashMap<i32, Arc<DeviceKernels>>>> = Mutex::new(None);
-    let mut guard = LOADED.lock().unwrap_or_else(|p| p.into_inner());
-    let map = guard.get_or_insert_with(HashMap::new);
-    if let Some(k) = map.get(&device) {
-        return Ok(k.clone());
-    }
-    let k = Arc::new(DeviceKernels::load(device)?);
-    map.insert(device, k.clone());
-    Ok(k)
 }
 
 #[cfg(test)]

@@ -1,18 +1,31 @@
 //! The plugin's decisions, one method per TensorRT override that needs one, and what `enqueue`
-//! runs (its tensors' checks are `crate::io`'s). The C++ class in `cpp/` only adapts TensorRT's
+//! runs (its tensors' checks are `crate::plugin::io`'s). The C++ class in `cpp/` only adapts TensorRT's
 //! interfaces to these methods.
 
+pub(crate) mod fields;
+pub(crate) mod io;
+
+use crate::config::Requested;
 use crate::cuda::{self, DevicePtr, Stream};
 use crate::error::{Error, Result};
-use crate::ffi::TensorDesc;
-use crate::fields::{self, IncomingField, PluginConfig};
-use crate::group::Group;
+use crate::group::device;
+use crate::group::run::{self, Tensors};
+use crate::launch::strategy::{Call, Fallback};
 use crate::launch::{FusedCall, Message};
-use crate::strategy::{self, Call, Fallback, Path};
-use crate::io::{Io, Shape};
-use crate::{groups, kernels, nccl, registry};
+use crate::tensor::TensorDesc;
+use fields::{IncomingField, PluginConfig, Strategy};
+use io::{Io, Shape};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Arc;
+
+/// The strategy a plugin runs: `EDGELLM_ALLREDUCE_STRATEGY` if set, else its `strategy` field.
+pub fn requested(config: &PluginConfig) -> Requested {
+    crate::config().strategy.unwrap_or(match config.strategy {
+        Strategy::Nccl => Requested::Nccl,
+        Strategy::OneShot => Requested::OneShot,
+        Strategy::TwoShot => Requested::TwoShot,
+        Strategy::Auto => Requested::Auto,
+    })
+}
 
 /// State of one plugin instance: its configuration (what its fields say).
 #[derive(Clone, Debug)]
@@ -40,7 +53,7 @@ impl PluginCore {
         self.config.fuses_residual_rms_norm()
     }
 
-    /// Its inputs and outputs (`crate::io`).
+    /// Its inputs and outputs (`crate::plugin::io`).
     fn io(&self) -> Io {
         Io { fused: self.fused(), has_bias: self.config.has_bias }
     }
@@ -83,7 +96,7 @@ impl PluginCore {
     /// reports that.
     fn preload_kernels(&self) -> Result<()> {
         if self.fused() {
-            if let Ok(kernels) = cuda::current_device().and_then(kernels::for_device) {
+            if let Ok(kernels) = cuda::current_device().and_then(device::kernels) {
                 kernels.require_norm()?;
             }
         }
@@ -117,20 +130,9 @@ impl PluginCore {
             return Err(Error::NullTensor { inputs: input_ptrs.to_vec(), outputs: output_ptrs.to_vec() });
         }
         let (ptr, stream) = (|p: usize| DevicePtr(p as u64), Stream(stream));
-        match shape.rows {
-            None => self.enqueue_all_reduce(shape, ptr(input_ptrs[0]), ptr(output_ptrs[0]), stream),
+        let tensors = match shape.rows {
+            None => Tensors::Sum { input: ptr(input_ptrs[0]), output: ptr(output_ptrs[0]), count: shape.count as u64 },
             Some((tokens, hidden)) => {
-                let call = FusedCall {
-                    x: ptr(input_ptrs[0]),
-                    residual: ptr(input_ptrs[1]),
-                    gamma: ptr(input_ptrs[2]),
-                    bias: ptr(input_ptrs.get(3).copied().unwrap_or(0)),
-                    normed: ptr(output_ptrs[0]),
-                    residual_out: ptr(output_ptrs[1]),
-                    tokens,
-                    hidden,
-                    eps: self.config.eps,
-                };
                 let names = ["x (input 0)", "residual (input 1)", "gamma (input 2)", "bias (input 3)"];
                 let outputs = ["normed (output 0)", "residual_out (output 1)"];
                 let unaligned: Vec<String> = (names.iter().zip(input_ptrs))
@@ -141,101 +143,49 @@ impl PluginCore {
                 if !unaligned.is_empty() {
                     return Err(Error::Unaligned(unaligned.join(", ")));
                 }
-                self.enqueue_fused(shape, &call, stream)
+                Tensors::Fused(FusedCall {
+                    x: ptr(input_ptrs[0]),
+                    residual: ptr(input_ptrs[1]),
+                    gamma: ptr(input_ptrs[2]),
+                    bias: ptr(input_ptrs.get(3).copied().unwrap_or(0)),
+                    normed: ptr(output_ptrs[0]),
+                    residual_out: ptr(output_ptrs[1]),
+                    tokens,
+                    hidden,
+                    eps: self.config.eps,
+                })
             }
-        }
-    }
-
-    fn enqueue_all_reduce(&self, shape: Shape, input: DevicePtr, output: DevicePtr, stream: Stream) -> Result<()> {
-        let Shape { count, dtype, bytes, .. } = shape;
+        };
         if self.config.tp_size <= 1 {
-            // SAFETY: TensorRT hands enqueue device buffers of the described sizes on `stream`.
-            return if input == output { Ok(()) } else { unsafe { cuda::copy_async(output, input, bytes as usize, stream) } };
+            return self.enqueue_alone(shape, &tensors, stream);
         }
-        let (_, registration, group, decision) = self.decide(shape, (input.0 | output.0).is_multiple_of(16), stream)?;
-        match (decision.path, group) {
-            // SAFETY: every rank of the group takes this same path for this call (the choice is a
-            // function of what they share); the buffers are TensorRT's, aligned as checked.
-            (Path::Custom(family), Some((group, rank))) => unsafe {
-                group.launch(rank, family, dtype, input, output, count, stream)?;
-                group.hold_for_capture(stream).map(|_| ())
-            },
-            // SAFETY: the runtime registered a live communicator and ncclAllReduce for this
-            // device; the buffers are TensorRT's, of `count` elements, on `stream`.
-            _ => unsafe { nccl::all_reduce(registration, input, output, count, dtype, stream) },
-        }
-    }
-
-    /// The fused op: a fused kernel family, or a plain all-reduce (custom or NCCL) of x into
-    /// `normed` followed by one residual + bias + RMSNorm kernel; one rank: that kernel alone.
-    fn enqueue_fused(&self, shape: Shape, call: &FusedCall, stream: Stream) -> Result<()> {
-        let dtype = shape.dtype;
-        if self.config.tp_size <= 1 {
-            let kernels = kernels::for_device(cuda::current_device()?)?;
-            // SAFETY: TensorRT's buffers of the checked shapes, aligned as checked, on `stream`.
-            return unsafe { call.launch_norm(&kernels, dtype, call.x, stream) };
-        }
-        let (device, registration, group, decision) = self.decide(shape, true, stream)?;
-        match (decision.path, group) {
-            // SAFETY: as in enqueue_all_reduce; every tensor is TensorRT's, aligned as checked.
-            (Path::Custom(family), Some((group, rank))) => unsafe {
-                group.launch_fused(rank, family, dtype, call, stream)?;
-                group.hold_for_capture(stream).map(|_| ())
-            },
-            (Path::Split(family), Some((group, rank))) => {
-                let kernels = kernels::for_device(device)?;
-                // SAFETY: as above; the sum goes into `normed`, which the norm then reads and
-                // overwrites in place (the kernel allows normed == x).
-                unsafe {
-                    group.launch(rank, family, dtype, call.x, call.normed, shape.count, stream)?;
-                    group.hold_for_capture(stream)?;
-                    call.launch_norm(&kernels, dtype, call.normed, stream)
-                }
-            }
-            _ => {
-                let kernels = kernels::for_device(device)?;
-                // SAFETY: x and normed hold `count` elements; the norm then reads the reduced
-                // x from normed and overwrites it in place (the kernel allows normed == x).
-                unsafe {
-                    nccl::all_reduce(registration, call.x, call.normed, shape.count, dtype, stream)?;
-                    call.launch_norm(&kernels, dtype, call.normed, stream)
-                }
-            }
-        }
-    }
-
-    /// The device, its registration and group, and the path for this call.
-    #[allow(clippy::type_complexity)]
-    fn decide(
-        &self,
-        shape: Shape,
-        aligned: bool,
-        stream: Stream,
-    ) -> Result<(i32, registry::Registration, Option<(Arc<Group>, i32)>, strategy::Decision)> {
-        let requested = strategy::requested(&self.config);
-        let device = cuda::current_device()?;
-        let registration =
-            registry::get(device).ok_or(Error::NotRegistered { device, tp_size: self.config.tp_size })?;
-        let group = groups::lookup(device)?;
-        if let Some((g, _)) = &group {
-            // A kernel of the group gave up (or found it aborted) since the last call: that
-            // call's output was wrong. Its devices fail from now on (groups.rs says why).
-            if let Some(fault) = g.fault() {
-                groups::fail(device, g, fault);
-                return Err(Error::GroupFault { device, why: fault.describe() });
-            }
-        }
+        let aligned = shape.rows.is_some() || (input_ptrs[0] | output_ptrs[0]).is_multiple_of(16);
         let call = Call { tp_size: self.config.tp_size, dtype: shape.dtype, message: Message { bytes: shape.bytes, rows: shape.rows }, aligned };
-        let mut decision = strategy::choose(requested, &call, group.as_ref().map(|(g, _)| &**g as &dyn crate::launch::Fits));
-        if let (Path::Custom(_) | Path::Split(_), Some((g, rank))) = (decision.path, &group) {
-            if !g.claim_stream(*rank, stream) {
-                decision = strategy::Decision { path: Path::Nccl, fallback: Some(Fallback::OtherStream), requested };
-            }
-        }
-        if let Some(reason) = decision.fallback {
+        let device = cuda::current_device()?;
+        let requested = requested(&self.config);
+        let plan = run::plan_call(device, requested, &call, &tensors, stream)?;
+        if let Some(reason) = plan.decision.fallback {
             report_fallback(device, requested, reason, stream);
         }
-        Ok((device, registration, group, decision))
+        // SAFETY: TensorRT's buffers of the checked shapes, aligned as checked, on `stream`; every
+        // rank of the group plans this same call the same way (the plan is a function of what
+        // they share).
+        unsafe { plan.run(&tensors, stream) }
+    }
+
+    /// One rank (`tp_size <= 1`, Edge-LLM's passthrough): the sum is the input, copied unless in
+    /// place; the fused op runs the residual + RMSNorm kernel alone.
+    fn enqueue_alone(&self, shape: Shape, tensors: &Tensors, stream: Stream) -> Result<()> {
+        match *tensors {
+            Tensors::Sum { input, output, .. } if input == output => Ok(()),
+            // SAFETY: TensorRT hands enqueue device buffers of the described sizes on `stream`.
+            Tensors::Sum { input, output, .. } => unsafe { cuda::copy_async(output, input, shape.bytes as usize, stream) },
+            Tensors::Fused(call) => {
+                let kernels = device::kernels(cuda::current_device()?)?;
+                // SAFETY: TensorRT's buffers of the checked shapes, aligned as checked, on `stream`.
+                unsafe { call.launch_norm(&kernels, shape.dtype, call.x, stream) }
+            }
+        }
     }
 
     pub fn serialized_fields(&self) -> Vec<fields::OutgoingField> {
@@ -246,9 +196,9 @@ impl PluginCore {
 /// Logs each kind of fallback once per process: a warning when a strategy was forced or when a
 /// second stream met the group, an info line under AUTO (plus one when a CUDA graph captures the
 /// NCCL path because no workspace exists).
-fn report_fallback(device: i32, requested: strategy::Requested, reason: Fallback, stream: Stream) {
+fn report_fallback(device: i32, requested: Requested, reason: Fallback, stream: Stream) {
     static LOGGED: AtomicU32 = AtomicU32::new(0);
-    let forced = requested != strategy::Requested::Auto || reason == Fallback::OtherStream;
+    let forced = requested != Requested::Auto || reason == Fallback::OtherStream;
     let bit = 1u32 << (reason as u32 * 2 + forced as u32);
     if LOGGED.fetch_or(bit, Ordering::Relaxed) & bit != 0 {
         return;
@@ -302,7 +252,7 @@ pub(crate) mod tests {
 
     pub(crate) fn fused(tp: i32, bias: bool) -> PluginCore {
         let mut c = PluginConfig::with_tp_size(tp).unwrap();
-        c.fusion_op = crate::fields::FusionOp::ResidualRmsNorm;
+        c.fusion_op = crate::plugin::fields::FusionOp::ResidualRmsNorm;
         c.has_bias = bias;
         PluginCore::new(c).unwrap()
     }

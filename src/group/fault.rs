@@ -4,14 +4,14 @@
 //! when it gives up waiting for a peer or finds its group aborted or released
 //! (`kernels/wait.cuh`). Enqueue and `edgellmAllReduceLastError` read it with a plain load.
 
-use crate::contract::{EAR_FAULT_ABORTED, EAR_FAULT_RELEASED, EAR_FAULT_TIMEOUT};
+use crate::launch::contract::{EAR_FAULT_ABORTED, EAR_FAULT_RELEASED, EAR_FAULT_TIMEOUT};
 use crate::cuda::{self, DevicePtr};
 use crate::error::Result;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 /// Devices with a fault word (ordinals 0..MAX_DEVICES): one 4 KiB page.
-pub const MAX_DEVICES: usize = 512;
+pub(crate) const MAX_DEVICES: usize = 512;
 
 /// Why a custom all-reduce failed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -49,19 +49,19 @@ impl Fault {
 
 /// A fault word's content: which group (by generation) and why.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Record {
+pub(crate) struct Record {
     pub generation: u32,
     pub fault: Fault,
 }
 
 impl Record {
-    pub fn decode(word: u64) -> Option<Record> {
+    pub(crate) fn decode(word: u64) -> Option<Record> {
         let fault = Fault::from_code((word & 0xff) as u32)?;
         Some(Record { generation: (word >> 8) as u32, fault })
     }
 
     #[cfg(test)]
-    pub fn encode(self) -> u64 {
+    pub(crate) fn encode(self) -> u64 {
         (self.generation as u64) << 8 | self.fault.code() as u64
     }
 }
@@ -78,7 +78,7 @@ fn words() -> Option<&'static [AtomicU64]> {
 
 /// The device address of `device`'s fault word, for the kernels' parameters. Allocates the page
 /// on first use, in the current context (setup time; mapped into every context).
-pub fn word(device: i32) -> Result<DevicePtr> {
+pub(crate) fn word(device: i32) -> Result<DevicePtr> {
     static ALLOCATING: Mutex<()> = Mutex::new(());
     let index = usize::try_from(device).ok().filter(|&d| d < MAX_DEVICES).ok_or(crate::error::Error::DeviceOrdinal(device))?;
     let page = match PAGE.get() {
@@ -99,13 +99,13 @@ pub fn word(device: i32) -> Result<DevicePtr> {
 }
 
 /// What `device`'s fault word holds (None: no fault, or no page yet). A plain load.
-pub fn read(device: i32) -> Option<Record> {
+pub(crate) fn read(device: i32) -> Option<Record> {
     let word = words()?.get(usize::try_from(device).ok()?)?;
     Record::decode(word.load(Ordering::Acquire))
 }
 
 /// Clears `device`'s fault word (a new group forms on it).
-pub fn clear(device: i32) {
+pub(crate) fn clear(device: i32) {
     if let Some(word) = words().and_then(|w| w.get(usize::try_from(device).ok()?)) {
         word.store(0, Ordering::Release);
     }

@@ -1,15 +1,15 @@
 //! The kernel families, each described once: its kernels' names and how they synchronise, which
 //! messages it takes (fits), and its grid and block. The rules are the macros of
 //! `kernels/allreduce_params.h`, called through `kernels/layout.c`, so Rust and CUDA read one
-//! definition; the constants and parameter blocks are `crate::contract`'s.
+//! definition; the constants and parameter blocks are `crate::launch::contract`'s.
 
-use crate::contract::{EAR_BLOCK_THREADS, EAR_MAX_BLOCKS};
+use super::contract::{EAR_FAMILY_LAMPORT, EAR_FAMILY_ONESHOT, EAR_FAMILY_TWOSHOT};
 use crate::tensor::DataType;
 
-/// Rank counts the kernels are instantiated for.
+/// Rank counts the kernels are instantiated for (`EAR_FOR_EACH_RANK_COUNT`: a test checks).
 pub const RANK_COUNTS: [i32; 5] = [2, 4, 6, 8, 16];
 
-/// Element types the kernels are instantiated for.
+/// Element types the kernels are instantiated for (`EAR_FOR_EACH_TYPE` in `kernels/common.cuh`).
 pub(crate) const TYPES: [DataType; 3] = [DataType::Float, DataType::Half, DataType::Bf16];
 
 /// A kernel family: how the reduction moves data between ranks.
@@ -74,43 +74,18 @@ impl Family {
     /// Whether `tokens` rows of `hidden` elements of `elem` bytes fit the family's fused kernel.
     pub(crate) fn fused_fits(self, tokens: u64, hidden: u32, elem: usize, max_msg_bytes: u64, nranks: i32) -> bool {
         // SAFETY: pure arithmetic on the header's macros.
-        unsafe { ear_fused_fits(self.layout_id(), tokens, hidden, elem as u32, max_msg_bytes, nranks) != 0 }
+        unsafe { ear_fused_fits(self.id(), tokens, hidden, elem as u32, max_msg_bytes, nranks) != 0 }
     }
 
-    fn layout_id(self) -> i32 {
+    /// The family's id in the kernels' contract (`EarPlan::family`).
+    pub(crate) fn id(self) -> i32 {
         match self {
-            Family::OneShot => 0,
-            Family::TwoShot => 1,
-            Family::Lamport => 2,
+            Family::OneShot => EAR_FAMILY_ONESHOT,
+            Family::TwoShot => EAR_FAMILY_TWOSHOT,
+            Family::Lamport => EAR_FAMILY_LAMPORT,
         }
     }
 
-    /// `(grid, block)` of a plain all-reduce of `vecs` 16-byte vectors among `nranks`, at most
-    /// `max_blocks` CTAs: a function of the call alone, so identical on every rank.
-    pub(crate) fn grid_block(self, vecs: u64, nranks: i32, max_blocks: u32) -> (u32, u32) {
-        let cap = max_blocks.clamp(1, EAR_MAX_BLOCKS);
-        // SAFETY: pure arithmetic on the header's macros.
-        unsafe {
-            match self {
-                Family::Lamport => (ear_lamport_grid(vecs, cap), ear_lamport_block(vecs, cap)),
-                Family::TwoShot => (ear_grid(vecs.div_ceil(nranks as u64), cap), EAR_BLOCK_THREADS),
-                Family::OneShot => (ear_grid(vecs, cap), EAR_BLOCK_THREADS),
-            }
-        }
-    }
-
-    /// `(grid, block)` of a fused call (block from hidden and type, grid from tokens).
-    pub(crate) fn fused_grid_block(self, tokens: u64, hidden: u32, elem: usize, max_blocks: u32) -> (u32, u32) {
-        let cap = max_blocks.clamp(1, EAR_MAX_BLOCKS);
-        // SAFETY: pure arithmetic on the header's macros.
-        unsafe {
-            let grid = match self {
-                Family::Lamport => ear_fused_lamport_grid(tokens, hidden, elem as u32, cap),
-                _ => ear_fused_grid(tokens, cap),
-            };
-            (grid, ear_fused_block(hidden, elem as u32))
-        }
-    }
 }
 
 /// `ear_<stem>_<t>_n<N>`: the name of a family's kernel.
@@ -122,13 +97,6 @@ pub(crate) fn kernel_name(family: Family, op: Op, dtype: DataType, nranks: i32) 
 /// synchronises with nothing.
 pub(crate) fn norm_kernel_name(dtype: DataType) -> String {
     format!("ear_residual_rmsnorm_{}", type_suffix(dtype))
-}
-
-/// `(grid, block)` of the residual + RMSNorm kernel alone: one CTA per row, up to 4 waves of a
-/// machine of `sm_count` SMs (it waits on nothing, so any grid is correct).
-pub(crate) fn norm_grid_block(tokens: u64, hidden: u32, elem: usize, sm_count: i32) -> (u32, u32) {
-    // SAFETY: pure arithmetic on the header's macros.
-    unsafe { (ear_fused_grid(tokens, (sm_count.max(1) as u32) * 4), ear_fused_block(hidden, elem as u32)) }
 }
 
 fn type_suffix(dtype: DataType) -> &'static str {
@@ -165,16 +133,12 @@ pub(crate) fn state_bytes() -> usize {
 
 // kernels/layout.c: the header's macros as functions.
 extern "C" {
-    fn ear_fused_block(hidden: u32, elem: u32) -> u32;
-    fn ear_fused_grid(tokens: u64, max_blocks: u32) -> u32;
-    fn ear_fused_lamport_grid(tokens: u64, hidden: u32, elem: u32, max_blocks: u32) -> u32;
     fn ear_fused_fits(family: i32, tokens: u64, hidden: u32, elem: u32, max_msg_bytes: u64, nranks: i32) -> i32;
     fn ear_workspace_bytes(max_msg_bytes: u64, nranks: i32) -> u64;
     fn ear_lamport_max_msg(max_msg_bytes: u64) -> u64;
-    fn ear_grid(work_vecs: u64, max_blocks: u32) -> u32;
-    fn ear_lamport_block(vecs: u64, max_blocks: u32) -> u32;
-    fn ear_lamport_grid(vecs: u64, max_blocks: u32) -> u32;
     fn ear_state_bytes() -> u32;
+    #[cfg(test)]
+    fn ear_rank_counts(out: *mut i32, cap: i32) -> i32;
     fn ear_abort_offset() -> u64;
     #[cfg(test)]
     fn ear_params_size() -> u64;
@@ -185,7 +149,7 @@ extern "C" {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::contract::{EarAllReduceParams, EarFusedParams};
+    use crate::launch::contract::{EarAllReduceParams, EarFusedParams, EAR_MAX_BLOCKS};
 
     #[test]
     fn the_c_rules_see_the_rust_parameter_blocks() {
@@ -213,44 +177,21 @@ mod tests {
         assert_eq!(lamport_max_bytes(16 << 20), 2 << 20);
         assert_eq!(lamport_max_bytes(1 << 20), 1 << 20);
         assert_eq!(state_bytes(), 32 * EAR_MAX_BLOCKS as usize, "one copy of the counters per CTA index");
-        assert_eq!(abort_offset(), 8 * EAR_MAX_BLOCKS as u64 * crate::contract::EAR_MAX_RANKS as u64, "the abort word follows the signal slots");
+        assert_eq!(abort_offset(), 8 * EAR_MAX_BLOCKS as u64 * crate::launch::contract::EAR_MAX_RANKS as u64, "the abort word follows the signal slots");
     }
 
     #[test]
-    fn plain_grid_rules() {
-        let grid = |vecs, cap| Family::OneShot.grid_block(vecs, 2, cap);
-        assert_eq!(grid(1, 32), (1, 512));
-        assert_eq!(grid(512 * 10, 32), (10, 512));
-        assert_eq!(grid(1 << 30, 32), (32, 512));
-        assert_eq!(Family::TwoShot.grid_block(512 * 20, 2, 128), (10, 512), "two-shot: a segment per rank");
-        // Lamport: blocks of 128..512 threads spread mid-size messages over max_blocks CTAs.
-        let lamport = |vecs: u64, cap: u32| Family::Lamport.grid_block(vecs, 2, cap);
-        assert_eq!(lamport(1, 64), (1, 128));
-        assert_eq!(lamport(512, 64), (4, 128), "8 KiB");
-        assert_eq!(lamport(4096, 64), (32, 128), "64 KiB");
-        assert_eq!(lamport(32768, 128), (128, 256), "512 KiB");
-        assert_eq!(lamport(32768, 64), (64, 512));
-        assert_eq!(lamport(1 << 20, 64), (64, 512), "grid-stride beyond 512 threads x max_blocks");
-        assert_eq!(lamport(100, 64), (1, 128));
-        assert_eq!(grid(1 << 30, 1000), (EAR_MAX_BLOCKS, 512), "the cap is clamped to the kernels' maximum");
-    }
-
-    #[test]
-    fn fused_grid_rules() {
-        assert_eq!(Family::OneShot.fused_grid_block(1000, 4096, 2, 32), (32, 512));
-        assert_eq!(Family::OneShot.fused_grid_block(1, 256, 2, 32), (1, 32));
-        // The fused Lamport grid covers every vector once (one per thread), at least one CTA per row.
-        let fused = |t: u64, h: u32, cap: u32| Family::Lamport.fused_grid_block(t, h, 2, cap).0;
-        assert_eq!(fused(1, 4096, 64), 1, "512 vectors: one CTA");
-        assert_eq!(fused(1, 16384, 128), 4, "one row, four CTAs push it");
-        assert_eq!(fused(32, 8192, 128), 64, "32 rows of 1024 vectors, 512 threads");
-        assert_eq!(fused(128, 8192, 128), 128, "256 CTAs would push one vector each: capped");
-        assert_eq!(fused(128, 8192, 64), 64);
-        assert_eq!(fused(100, 256, 64), 64, "rows of 32 vectors: one CTA per row, capped");
-        assert_eq!(fused(3, 256, 64), 3);
-        assert_eq!(norm_grid_block(10_000, 4096, 2, 132), (528, 512), "4 waves of 132 SMs");
+    fn fits_rules() {
         assert!(Family::OneShot.fused_fits(128, 8192, 2, 16 << 20, 2));
         assert!(!Family::Lamport.fused_fits(1024, 8192, 2, 16 << 20, 2), "over the 2 MiB Lamport cap");
         assert!(Family::Lamport.fits(2 << 20, 16 << 20) && !Family::Lamport.fits((2 << 20) + 16, 16 << 20));
+    }
+
+    #[test]
+    fn rank_counts_are_the_kernels_own() {
+        let mut counts = [0i32; 16];
+        // SAFETY: writes at most 16 entries into `counts`.
+        let n = unsafe { ear_rank_counts(counts.as_mut_ptr(), counts.len() as i32) };
+        assert_eq!(&counts[..n as usize], &RANK_COUNTS, "kernels/allreduce_params.h EAR_FOR_EACH_RANK_COUNT");
     }
 }

@@ -1,11 +1,31 @@
 //! The NCCL path: the registered `ncclAllReduce` is called through its address, so this library
 //! never loads an NCCL of its own (a second NCCL in one process is a hazard).
 
+pub(crate) mod communicator;
+
 use crate::cuda::{DevicePtr, Stream};
 use crate::error::{Error, Result};
-use crate::registry::Registration;
 use crate::tensor::DataType;
 use std::ffi::c_void;
+
+/// An `ncclComm_t` the runtime registered: opaque, owned by the runtime.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Comm(pub usize);
+
+impl Comm {
+    /// The handle NCCL's functions take.
+    pub(crate) fn raw(self) -> *mut c_void {
+        self.0 as *mut c_void
+    }
+}
+
+/// What the runtime registered for one device. Both are opaque and owned by the runtime.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Registration {
+    pub comm: Comm,
+    /// `ncclAllReduce` of the NCCL library the runtime loaded.
+    pub all_reduce: usize,
+}
 
 /// `ncclResult_t ncclAllReduce(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t, cudaStream_t)`.
 type AllReduceFn = unsafe extern "C" fn(*const c_void, *mut c_void, usize, i32, i32, *mut c_void, *mut c_void) -> i32;
@@ -29,7 +49,7 @@ pub fn dtype_code(dtype: DataType) -> i32 {
 /// `registration` must hold a live communicator and the address of `ncclAllReduce`; `input` and
 /// `output` must be device buffers of `count` elements on the communicator's device, `stream` a
 /// stream of that device.
-pub unsafe fn all_reduce(
+pub(crate) unsafe fn all_reduce(
     registration: Registration,
     input: DevicePtr,
     output: DevicePtr,
@@ -70,7 +90,7 @@ mod tests {
 
     #[test]
     fn calls_the_registered_function_with_edge_llm_arguments() {
-        let r = Registration { comm: crate::registry::Comm(0xc0), all_reduce: fake as *const () as usize };
+        let r = Registration { comm: crate::group::device::Comm(0xc0), all_reduce: fake as *const () as usize };
         let (a, b, s) = (DevicePtr(0x10), DevicePtr(0x20), Stream(0x30));
         // SAFETY: the fake reads nothing.
         unsafe { all_reduce(r, a, b, 4096, DataType::Bf16, s) }.unwrap();

@@ -9,11 +9,11 @@
 use crate::error::{Error, Result};
 
 /// TensorRT `PluginFieldType` codes this plugin reads or writes.
-pub mod field_type {
-    pub const FLOAT32: i32 = 1;
-    pub const FLOAT64: i32 = 2;
-    pub const INT32: i32 = 5;
-    pub const INT64: i32 = 10;
+pub(crate) mod field_type {
+    pub(crate) const FLOAT32: i32 = 1;
+    pub(crate) const FLOAT64: i32 = 2;
+    pub(crate) const INT32: i32 = 5;
+    pub(crate) const INT64: i32 = 10;
 }
 
 /// The seed's `AllReduceStrategyType`.
@@ -33,10 +33,10 @@ pub enum FusionOp {
 }
 
 /// Bits of the seed's `AllReduceStrategyConfig`.
-pub mod config_bits {
-    pub const USE_MEMCPY: i32 = 1;
-    pub const RESIDUAL_RMS_NORM: i32 = 2;
-    pub const ALL: i32 = USE_MEMCPY | RESIDUAL_RMS_NORM;
+pub(crate) mod config_bits {
+    pub(crate) const USE_MEMCPY: i32 = 1;
+    pub(crate) const RESIDUAL_RMS_NORM: i32 = 2;
+    pub(crate) const ALL: i32 = USE_MEMCPY | RESIDUAL_RMS_NORM;
 }
 
 /// Everything a plugin instance is configured with; what its fields describe.
@@ -72,7 +72,7 @@ impl PluginConfig {
 
 /// A field's value as decoded from TensorRT's bytes.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Value {
+pub(crate) enum Value {
     Int(i64),
     Float(f64),
 }
@@ -191,7 +191,7 @@ pub struct IncomingField<'a> {
 }
 
 /// Bytes per element of the field types this plugin reads (others are rejected by name).
-pub fn element_size(field_type: i32) -> Option<usize> {
+pub(crate) fn element_size(field_type: i32) -> Option<usize> {
     match field_type {
         field_type::INT32 | field_type::FLOAT32 => Some(4),
         field_type::INT64 | field_type::FLOAT64 => Some(8),
@@ -221,7 +221,7 @@ fn decode(spec: &FieldSpec, f: &IncomingField) -> Result<Value> {
 
 /// Parses and validates a field collection. Unknown names, duplicates, wrong types or lengths and
 /// out-of-range values are errors; absent optional fields take their defaults.
-pub fn parse(fields: &[IncomingField]) -> Result<PluginConfig> {
+pub(crate) fn parse(fields: &[IncomingField]) -> Result<PluginConfig> {
     let mut config = PluginConfig::defaults();
     let mut seen = [false; FIELDS.len()];
     for f in fields {
@@ -258,7 +258,7 @@ fn encode(spec: &FieldSpec, value: Value) -> OutgoingField {
 }
 
 /// `tp_size`, then every field whose value differs from its default.
-pub fn serialize(config: &PluginConfig) -> Vec<OutgoingField> {
+pub(crate) fn serialize(config: &PluginConfig) -> Vec<OutgoingField> {
     let defaults = PluginConfig::defaults();
     FIELDS
         .iter()
@@ -268,7 +268,7 @@ pub fn serialize(config: &PluginConfig) -> Vec<OutgoingField> {
 }
 
 /// Every field the creator accepts, with its type, for `getFieldNames`.
-pub fn declared() -> Vec<OutgoingField> {
+pub(crate) fn declared() -> Vec<OutgoingField> {
     FIELDS
         .iter()
         .map(|s| OutgoingField {

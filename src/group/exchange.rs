@@ -10,13 +10,13 @@
 //! blocks until all have. Every rank takes part in both gathers even after a local failure, so
 //! none waits forever.
 
-use crate::communicator::{self, CommInfo};
+use crate::nccl::communicator::{self, CommInfo};
 use crate::config::Requested;
-use crate::contract::{EAR_MAX_BLOCKS, EAR_PROTOCOL_ID};
+use crate::launch::contract::{EAR_MAX_BLOCKS, EAR_PROTOCOL_ID};
 use crate::cuda::{self, IpcMapping};
 use crate::error::{Error, Result};
 use crate::group::{self, Group, Member};
-use crate::registry::Registration;
+use crate::group::device::Registration;
 
 /// The settings that decide which kernel a call runs, and so must be the same on every rank.
 /// (The grid cap may differ: the group takes the smallest. The timeout and PDL act on one rank
@@ -29,7 +29,7 @@ pub(crate) struct Settings {
     /// The largest message the workspaces take (`EDGELLM_ALLREDUCE_WORKSPACE_BYTES`, else the
     /// rule): it decides which calls fit the custom kernels.
     pub max_bytes: u64,
-    /// AUTO's tables (`crate::strategy`), hashed: two builds that choose differently for a size
+    /// AUTO's tables (`crate::launch::strategy`), hashed: two builds that choose differently for a size
     /// never pair their kernels.
     pub tables: u64,
 }
@@ -38,7 +38,7 @@ const STRATEGIES: [Requested; 5] = [Requested::Nccl, Requested::OneShot, Request
 
 impl Settings {
     /// This process's settings for a communicator of `nranks`.
-    pub fn local(nranks: i32) -> Settings {
+    pub(crate) fn local(nranks: i32) -> Settings {
         let strategy = crate::config().strategy.and_then(|s| STRATEGIES.iter().position(|&k| k == s)).map_or(0, |i| i as u32 + 1);
         Settings { strategy, max_bytes: group::max_message_bytes(nranks), tables: tables_fingerprint() }
     }
@@ -53,7 +53,7 @@ impl Settings {
 
 /// FNV-1a of AUTO's tables as the build spells them.
 fn tables_fingerprint() -> u64 {
-    let text = format!("{:?}{:?}", crate::strategy::AUTO_TABLE, crate::strategy::FUSED_AUTO_TABLE);
+    let text = format!("{:?}{:?}", crate::launch::strategy::AUTO_TABLE, crate::launch::strategy::FUSED_AUTO_TABLE);
     text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, c| (h ^ c as u64).wrapping_mul(0x100_0000_01b3))
 }
 
@@ -160,7 +160,7 @@ pub(crate) fn exchange(device: i32, registration: &Registration, info: CommInfo,
     let settings = Settings::local(info.nranks);
     let max_bytes = settings.max_bytes;
     cuda::with_device(device, || {
-        crate::reclaim::free_released_memory();
+        crate::group::reclaim::free_released_memory();
         let member = (!disabled).then(|| Member::allocate(device, max_bytes, info.nranks)).and_then(|m| m.ok());
         let handle = member.as_ref().and_then(|m| cuda::ipc_handle(m.workspace.ptr()).ok());
         let mine = Record {

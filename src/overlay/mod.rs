@@ -11,17 +11,20 @@
 //! ours. Its C exports are reached through the handle (never through the global scope, where
 //! ours have the same names), and `abi` forwards Edge-LLM's C ABI to them.
 
+pub(crate) mod loader;
+
 use crate::error::{Error, Result};
-use crate::{loader, log};
+use crate::log;
+
 use libloading::os::unix::{Library, RTLD_LOCAL, RTLD_NOW};
 use std::ffi::{c_char, c_int, c_void, OsStr};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 /// The file name of the base when it is installed beside this library.
-pub const BASE_FILE_NAME: &str = "libNvInfer_edgellm_plugin_base.so";
+pub(crate) const BASE_FILE_NAME: &str = "libNvInfer_edgellm_plugin_base.so";
 /// The setting that names the base (a path) or turns the overlay off (`none`).
-pub const BASE_ENV: &str = "EDGELLM_ALLREDUCE_BASE_LIBRARY";
+pub(crate) const BASE_ENV: &str = "EDGELLM_ALLREDUCE_BASE_LIBRARY";
 
 /// Edge-LLM's C ABI as the base exports it; each is absent where that Edge-LLM version lacks it.
 #[derive(Default)]

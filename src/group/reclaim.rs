@@ -60,7 +60,7 @@ mod tests {
 
     #[test]
     fn deferred_memory_is_kept_until_freed_and_never_dropped_on_the_deferring_thread() {
-        let _serial = crate::registry::test_lock();
+        let _serial = crate::group::device::test_lock();
         let drops = Arc::new(AtomicUsize::new(0));
         let before = pending();
         defer(0, Counted(drops.clone()));

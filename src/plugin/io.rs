@@ -3,7 +3,7 @@
 //! (x, residual, gamma[, bias]) -> (normed, residual_out)).
 
 use crate::error::{Error, Result};
-use crate::ffi::TensorDesc;
+use crate::tensor::TensorDesc;
 use crate::tensor::{self, DataType, LINEAR};
 
 /// What a run-time call carries, once its descriptors are checked.
@@ -31,7 +31,7 @@ fn same_dims(a: &TensorDesc, b: &TensorDesc) -> bool {
 
 impl Io {
     /// Checks the number of inputs and outputs TensorRT passes.
-    pub fn expect(&self, nb_inputs: usize, nb_outputs: usize) -> Result<()> {
+    pub(crate) fn expect(&self, nb_inputs: usize, nb_outputs: usize) -> Result<()> {
         let (want_in, want_out) = (self.nb_inputs() as usize, self.nb_outputs() as usize);
         if nb_inputs != want_in || nb_outputs != want_out {
             let what = if self.fused {
@@ -45,7 +45,7 @@ impl Io {
     }
 
     /// 1 (x), or for the fused op 3 (x, residual, gamma) or 4 (+ bias).
-    pub fn nb_inputs(&self) -> i32 {
+    pub(crate) fn nb_inputs(&self) -> i32 {
         if self.fused {
             3 + self.has_bias as i32
         } else {
@@ -54,7 +54,7 @@ impl Io {
     }
 
     /// 1 (the sum), or for the fused op 2 (normed, residual_out).
-    pub fn nb_outputs(&self) -> i32 {
+    pub(crate) fn nb_outputs(&self) -> i32 {
         if self.fused {
             2
         } else {
@@ -63,7 +63,7 @@ impl Io {
     }
 
     /// Every output has the type of the inputs, which must all be FP32, FP16 or BF16 alike.
-    pub fn output_types(&self, input_types: &[i32], output_types: &mut [i32]) -> Result<()> {
+    pub(crate) fn output_types(&self, input_types: &[i32], output_types: &mut [i32]) -> Result<()> {
         self.expect(input_types.len(), output_types.len())?;
         DataType::from_trt(input_types[0]).ok_or(Error::UnsupportedType(input_types[0]))?;
         if let Some(index) = input_types.iter().position(|&t| t != input_types[0]) {
@@ -75,7 +75,7 @@ impl Io {
 
     /// For each output, the index of the input whose shape it has (always x). For the fused op
     /// also checks what is known at build time: residual like x, gamma and bias of x's last dim.
-    pub fn output_shape_sources(&self, inputs: &[TensorDesc], sources: &mut [i32]) -> Result<()> {
+    pub(crate) fn output_shape_sources(&self, inputs: &[TensorDesc], sources: &mut [i32]) -> Result<()> {
         self.expect(inputs.len(), sources.len())?;
         if self.fused {
             let x = &inputs[0];
@@ -100,7 +100,7 @@ impl Io {
 
     /// LINEAR; FP32/FP16/BF16; every tensor of the first one's type (Edge-LLM's rule, extended
     /// to the fused op's tensors).
-    pub fn supports_format(&self, pos: i32, in_out: &[TensorDesc], nb_inputs: i32) -> bool {
+    pub(crate) fn supports_format(&self, pos: i32, in_out: &[TensorDesc], nb_inputs: i32) -> bool {
         let Ok(pos) = usize::try_from(pos) else { return false };
         if nb_inputs != self.nb_inputs() || in_out.len() != (self.nb_inputs() + self.nb_outputs()) as usize || pos >= in_out.len() {
             return false;
@@ -110,7 +110,7 @@ impl Io {
     }
 
     /// Validates run-time descriptors.
-    pub fn check_run_time_io(&self, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<Shape> {
+    pub(crate) fn check_run_time_io(&self, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<Shape> {
         self.expect(inputs.len(), outputs.len())?;
         let dtype = tensor::data_type(&inputs[0])?;
         if let Some((index, d)) = inputs.iter().chain(outputs).enumerate().find(|(_, d)| d.dtype != inputs[0].dtype) {
@@ -146,7 +146,7 @@ impl Io {
 
 #[cfg(test)]
 mod tests {
-    use crate::fields::PluginConfig;
+    use crate::plugin::fields::PluginConfig;
     use crate::plugin::tests::{fused, plugin};
     use crate::plugin::PluginCore;
     use crate::tensor::desc;
@@ -211,7 +211,7 @@ mod tests {
         let mut c = PluginConfig::with_tp_size(2).unwrap();
         c.has_bias = true;
         assert!(PluginCore::new(c.clone()).is_err(), "has_bias without fusion");
-        c.config = crate::fields::config_bits::RESIDUAL_RMS_NORM;
+        c.config = crate::plugin::fields::config_bits::RESIDUAL_RMS_NORM;
         assert_eq!(PluginCore::new(c).unwrap().nb_inputs(), 4, "the seed's config bit also fuses");
     }
 }

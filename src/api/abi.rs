@@ -7,8 +7,9 @@
 //! `FusedNvfp4GemmAllReducePlugin`, read its own registry); the others are forwarded only.
 
 use crate::error::{guard, Error, Result};
-use crate::registry::{self, Comm};
-use crate::{fault, groups, overlay, reclaim};
+use crate::group::device::{self, Comm, Registration};
+use crate::group::{fault, formation, reclaim};
+use crate::overlay;
 use std::ffi::{c_char, c_int, c_void, CStr};
 
 /// Calls the base's `function` when the overlay has a base that exports it: a refusal is an error.
@@ -39,18 +40,18 @@ pub extern "C" fn edgellmRegisterNcclCommForAllReducePlugin(
 ) -> bool {
     guard("edgellmRegisterNcclCommForAllReducePlugin", || {
         reclaim::free_released_memory();
-        let registration = registry::Registration { comm: Comm(ncclComm as usize), all_reduce: ncclAllReduceFunction as usize };
+        let registration = Registration { comm: Comm(ncclComm as usize), all_reduce: ncclAllReduceFunction as usize };
         // Ours checked first, the base asked next, ours stored last: both or neither.
-        registry::check_registration(deviceId, registration.comm, registration.all_reduce)?;
+        device::check_registration(deviceId, registration.comm, registration.all_reduce)?;
         forward("edgellmRegisterNcclCommForAllReducePlugin", |base| {
             // SAFETY: the base's function has this C signature; the arguments are the caller's.
             base.register_nccl.map(|f| unsafe { f(deviceId, ncclComm, ncclAllReduceFunction) })
         })?;
-        registry::register(deviceId, registration.comm, registration.all_reduce)?;
+        device::register(deviceId, registration.comm, registration.all_reduce)?;
         // Forms the custom-kernel group once all of the communicator's ranks are registered
         // here. The registration stands whatever happens there (a failure leaves NCCL, logged).
         let _ = guard("forming the custom all-reduce group", || {
-            groups::on_register(deviceId, registration, false);
+            formation::on_register(deviceId, registration, false);
             Ok(())
         });
         Ok(())
@@ -69,13 +70,13 @@ pub extern "C" fn edgellmRegisterNcclCommForAllReducePlugin(
 pub extern "C" fn edgellmUnregisterNcclCommForAllReducePlugin(deviceId: c_int, ncclComm: *mut c_void) -> bool {
     guard("edgellmUnregisterNcclCommForAllReducePlugin", || {
         reclaim::free_released_memory();
-        registry::check_unregistration(deviceId, Comm(ncclComm as usize))?;
+        device::check_unregistration(deviceId, Comm(ncclComm as usize))?;
         forward("edgellmUnregisterNcclCommForAllReducePlugin", |base| {
             // SAFETY: the base's function has this C signature; the arguments are the caller's.
             base.unregister_nccl.map(|f| unsafe { f(deviceId, ncclComm) })
         })?;
-        registry::unregister(deviceId, Comm(ncclComm as usize))?;
-        groups::forget(deviceId);
+        device::unregister(deviceId, Comm(ncclComm as usize))?;
+        device::forget(deviceId);
         Ok(())
     })
     .is_ok()
@@ -94,7 +95,7 @@ pub extern "C" fn edgellmUnregisterNcclCommForAllReducePlugin(deviceId: c_int, n
 pub extern "C" fn initEdgellmPlugins(logger: *mut c_void, libNamespace: *const c_char) -> bool {
     guard("initEdgellmPlugins", || {
         if !logger.is_null() {
-            crate::ffi::set_logger(logger as usize);
+            crate::api::bridge::ffi::set_logger(logger as usize);
         }
         let namespace = if libNamespace.is_null() {
             ""
@@ -109,7 +110,7 @@ pub extern "C" fn initEdgellmPlugins(logger: *mut c_void, libNamespace: *const c
             // (it copies the log level of an Edge-LLM logger and returns true).
             unsafe { init(logger, libNamespace) };
         }
-        if crate::ffi::register_creator_in_namespace(namespace) {
+        if crate::api::bridge::ffi::register_creator_in_namespace(namespace) {
             Ok(())
         } else {
             Err(Error::RegistryRefused(namespace.to_owned()))
@@ -124,7 +125,7 @@ pub extern "C" fn initEdgellmPlugins(logger: *mut c_void, libNamespace: *const c
 #[no_mangle]
 #[allow(non_snake_case)]
 pub extern "C" fn edgellmAllReduceCustomRanks(deviceId: c_int) -> c_int {
-    guard("edgellmAllReduceCustomRanks", || Ok(groups::group_for(deviceId).map_or(0, |(g, _)| g.nranks))).unwrap_or(0)
+    guard("edgellmAllReduceCustomRanks", || Ok(device::group_for(deviceId).map_or(0, |(g, _)| g.nranks))).unwrap_or(0)
 }
 
 /// Sets up the custom-kernel workspaces of the communicator registered for `deviceId`, for
@@ -138,11 +139,11 @@ pub extern "C" fn edgellmAllReduceCustomRanks(deviceId: c_int) -> c_int {
 pub extern "C" fn edgellmAllReduceSetupWorkspaces(deviceId: c_int) -> bool {
     guard("edgellmAllReduceSetupWorkspaces", || {
         reclaim::free_released_memory();
-        let registration = registry::get(deviceId).ok_or(Error::NothingRegistered(deviceId))?;
-        if groups::group_for(deviceId).is_none() {
-            groups::on_register(deviceId, registration, true);
+        let registration = device::registration(deviceId).ok_or(Error::NothingRegistered(deviceId))?;
+        if device::group_for(deviceId).is_none() {
+            formation::on_register(deviceId, registration, true);
         }
-        Ok(groups::group_for(deviceId).is_some())
+        Ok(device::group_for(deviceId).is_some())
     })
     .unwrap_or(false)
 }
@@ -184,7 +185,7 @@ pub extern "C" fn edgellmAllReduceLastError(deviceId: c_int) -> c_int {
 pub extern "C" fn edgellmAllReduceReleaseWorkspaces(deviceId: c_int) -> bool {
     guard("edgellmAllReduceReleaseWorkspaces", || {
         reclaim::free_released_memory();
-        Ok(groups::forget(deviceId))
+        Ok(device::forget(deviceId))
     })
     .unwrap_or(false)
 }

@@ -3,6 +3,9 @@
 //! `kernels/allreduce_params.h`, which builds the workspace layout and the launch rules on it.
 //! Change anything here and the protocol id too.
 
+// cbindgen exports `pub` items only; the crate reaches them through `crate::launch`.
+#![allow(unreachable_pub)]
+
 use std::ffi::c_void;
 
 /// Names the kernels' cross-rank protocol and the exchange record's layout ("EAR8" read as
@@ -58,12 +61,38 @@ pub const EAR_MAX_BLOCKS: u32 = 128;
 
 /// The block of the one-shot and two-shot kernels, and the largest Lamport block (as
 /// TensorRT-LLM's DEFAULT_BLOCK_SIZE).
+#[allow(dead_code)] // the header macros and the plan rule read it
 pub const EAR_BLOCK_THREADS: u32 = 512;
 
 /// The largest block of the fused kernels (one thread per 16-byte vector of a row). Only the
-/// kernels read it; the host takes the block from EAR_FUSED_BLOCK (`family::fused_grid_block`).
+/// kernels read it; the host takes the block from the plan rule (`ear_plan_of`).
 #[allow(dead_code)]
 pub const EAR_FUSED_MAX_THREADS: u32 = 512;
+
+/// `EarPlan::family`: the kernel families (`crate::launch::family::Family`), and the residual +
+/// RMSNorm kernel alone (after NCCL or a plain all-reduce, or one rank).
+pub const EAR_FAMILY_ONESHOT: i32 = 0;
+pub const EAR_FAMILY_TWOSHOT: i32 = 1;
+pub const EAR_FAMILY_LAMPORT: i32 = 2;
+pub const EAR_FAMILY_NORM: i32 = 3;
+
+/// `EarPlan::op`: the sum alone, or the fused residual (+ bias) + RMSNorm after it.
+pub const EAR_OP_ALLREDUCE: i32 = 0;
+pub const EAR_OP_RESIDUAL_RMSNORM: i32 = 1;
+
+/// One rank's launch of one call, from the one rule `ear_plan_of` (`kernels/allreduce_params.h`)
+/// that the library and the kernel simulations share: which kernel (family and op; the type and
+/// rank count pick its instance), its grid and block (the same on every rank), and the
+/// `EAR_CALL_*` flags of its parameter block.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EarPlan {
+    pub family: i32,
+    pub op: i32,
+    pub grid: u32,
+    pub block: u32,
+    pub flags: u32,
+}
 
 /// The only kernel argument of the plain families, passed by value. 200 bytes, 8-byte aligned,
 /// no implicit padding (64-bit targets only).

@@ -6,7 +6,7 @@
 
 /// One image of the embedded fatbins.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Image {
+pub(crate) enum Image {
     /// `sm_XY`: machine code, compute capability X.Y as `XY`.
     Sass(u32),
     /// `compute_XY`: PTX, compiled by the driver for the GPU at load.
@@ -14,7 +14,7 @@ pub enum Image {
 }
 
 /// Parses an image list such as `"sm_80 sm_90 compute_80 compute_90"` (build.rs's `IMAGES`).
-pub fn parse(images: &str) -> Vec<Image> {
+pub(crate) fn parse(images: &str) -> Vec<Image> {
     images
         .split_whitespace()
         .filter_map(|w| {
@@ -26,7 +26,7 @@ pub fn parse(images: &str) -> Vec<Image> {
 
 /// The image the driver loads on a GPU of compute capability `cc` (major * 10 + minor), if any:
 /// the newest compatible SASS, else the newest PTX not newer than the GPU.
-pub fn runnable(images: &[Image], cc: u32) -> Option<Image> {
+pub(crate) fn runnable(images: &[Image], cc: u32) -> Option<Image> {
     let sass = images.iter().filter_map(|i| match *i {
         Image::Sass(a) if a / 10 == cc / 10 && a <= cc => Some(a),
         _ => None,
@@ -39,7 +39,7 @@ pub fn runnable(images: &[Image], cc: u32) -> Option<Image> {
 }
 
 /// The driver's name for the errors loading a module can give.
-pub fn load_error_name(code: i32) -> &'static str {
+pub(crate) fn load_error_name(code: i32) -> &'static str {
     match code {
         2 => "CUDA_ERROR_OUT_OF_MEMORY",
         200 => "CUDA_ERROR_INVALID_IMAGE",
@@ -54,7 +54,7 @@ pub fn load_error_name(code: i32) -> &'static str {
 
 /// The one warning of a device whose kernel modules did not all load: why, and what runs
 /// instead. `failed`: (module, CUDA error code) of each module that failed.
-pub fn unavailable_message(device: i32, cc: u32, images: &str, failed: &[(&str, i32)], norm_loaded: bool) -> String {
+pub(crate) fn unavailable_message(device: i32, cc: u32, images: &str, failed: &[(&str, i32)], norm_loaded: bool) -> String {
     let why = if runnable(&parse(images), cc).is_none() {
         format!("no kernel image of this library runs on this GPU (it holds {images})")
     } else {
@@ -110,7 +110,7 @@ mod tests {
 
     #[test]
     fn a_default_build_has_sass_for_every_gpu_of_the_platform_table_and_ptx_for_the_rest() {
-        let images = parse(crate::kernels::DEFAULT_IMAGES);
+        let images = parse(crate::launch::kernels::DEFAULT_IMAGES);
         for cc in PLATFORM_TABLE {
             assert!(matches!(runnable(&images, cc), Some(Image::Sass(_))), "sm_{cc}: {:?}", runnable(&images, cc));
         }

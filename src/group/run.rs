@@ -1,0 +1,244 @@
+//! One call on one rank, decided once and then launched: [`plan_call`] gives a [`CallPlan`]
+//! (the path and why, the family's kernel with its grid, block and flags, the norm kernel after
+//! a plain sum) and [`CallPlan::run`] launches it. [`Group::plan`] and [`Group::run`] are the
+//! group's part; the plugin's enqueue (`crate::plugin`) does nothing else.
+
+use super::{device, Group};
+use crate::cuda::{self, DevicePtr, Function, Stream};
+use crate::error::{Error, Result};
+use crate::launch::contract::EarAllReduceParams;
+use crate::launch::family::{self, Family, Op};
+use crate::launch::kernels::DeviceKernels;
+use crate::launch::plan::{self, Plan};
+use crate::launch::strategy::{self, Call, Decision, Fallback, Path, Requested};
+use crate::launch::{Fits, FusedCall, Message};
+use crate::nccl::{self, Registration};
+use crate::tensor::DataType;
+use std::sync::Arc;
+
+/// The tensors of one call, as TensorRT hands them to enqueue.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Tensors {
+    /// A plain all-reduce of `count` elements.
+    Sum { input: DevicePtr, output: DevicePtr, count: u64 },
+    /// The fused all-reduce + residual (+ bias) + RMSNorm.
+    Fused(FusedCall),
+}
+
+impl Tensors {
+    /// What a plain sum reads and writes: the input and output, or for the fused op x summed
+    /// into `normed` (which the norm kernel then reads and overwrites in place).
+    fn sum_operands(&self) -> (DevicePtr, DevicePtr, u64) {
+        match *self {
+            Tensors::Sum { input, output, count } => (input, output, count),
+            Tensors::Fused(c) => (c.x, c.normed, c.tokens * c.hidden as u64),
+        }
+    }
+}
+
+/// A kernel launch of one rank: the function, its plan, and whether it may start early
+/// (programmatic dependent launch: the device's kernels say).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Launch {
+    function: Function,
+    plan: Plan,
+    pdl: bool,
+}
+
+/// One rank's finished plan of one call.
+pub(crate) struct CallPlan {
+    pub(crate) decision: Decision,
+    dtype: DataType,
+    registration: Registration,
+    /// The group and this device's rank in it, with the family's kernel (`Custom`, `Split`).
+    kernel: Option<(Arc<Group>, i32, Launch)>,
+    /// The fused op after a plain sum (`Split`, NCCL): the residual + RMSNorm kernel runs on
+    /// these kernels of the device (loaded at configure time).
+    norm: Option<Arc<DeviceKernels>>,
+}
+
+/// Plans `call` on `device` (the current device) on `stream`: the device's registration and
+/// group in one lookup (a fault found since the last call fails the group and this call), the
+/// strategy's path, the stream's claim on the rank (another stream runs NCCL), then the kernels.
+pub(crate) fn plan_call(device: i32, requested: Requested, call: &Call, tensors: &Tensors, stream: Stream) -> Result<CallPlan> {
+    let (registration, group) = device::for_call(device, call.tp_size)?;
+    if let Some((g, _)) = &group {
+        // A kernel of the group gave up (or found it aborted) since the last call: that call's
+        // output was wrong. Its devices fail from now on (`super::formation` says why).
+        if let Some(fault) = g.fault() {
+            device::fail(device, g, fault);
+            return Err(Error::GroupFault { device, why: fault.describe() });
+        }
+    }
+    let mut decision = strategy::choose(requested, call, group.as_ref().map(|(g, _)| &**g as &dyn Fits));
+    if let (Path::Custom(_) | Path::Split(_), Some((g, rank))) = (decision.path, &group) {
+        if !g.claim_stream(*rank, stream) {
+            decision = Decision { path: Path::Nccl, fallback: Some(Fallback::OtherStream), requested };
+        }
+    }
+    let plain = Message { rows: None, ..call.message };
+    let kernel = match (decision.path, group) {
+        (Path::Custom(f), Some((g, rank))) => Some((g.plan(rank, f, call.dtype, &call.message, tensors)?, g, rank)),
+        (Path::Split(f), Some((g, rank))) => Some((g.plan(rank, f, call.dtype, &plain, tensors)?, g, rank)),
+        _ => None,
+    }
+    .map(|(launch, g, rank)| (g, rank, launch));
+    let norm = match (decision.path, tensors) {
+        (Path::Split(_) | Path::Nccl, Tensors::Fused(_)) => Some(device::kernels(device)?),
+        _ => None,
+    };
+    Ok(CallPlan { decision, dtype: call.dtype, registration, kernel, norm })
+}
+
+impl CallPlan {
+    /// Launches the plan on `stream`: the family's kernel (the group then held by a CUDA graph
+    /// that captures it) or NCCL, then the norm kernel where the plan has one.
+    ///
+    /// # Safety
+    /// `tensors` are the ones planned: device buffers of the current device of the checked
+    /// shapes, 16-byte aligned, on `stream`; every rank of the group runs the same call (family,
+    /// dtype, count) in the same order (the plan is a function of what they share).
+    pub(crate) unsafe fn run(&self, tensors: &Tensors, stream: Stream) -> Result<()> {
+        let (input, output, count) = tensors.sum_operands();
+        match &self.kernel {
+            Some((group, rank, launch)) => {
+                // SAFETY: the caller's contract.
+                unsafe { group.run(*rank, launch, tensors, stream)? };
+                group.hold_for_capture(stream)?;
+            }
+            // SAFETY: the runtime registered a live communicator and ncclAllReduce for this
+            // device; the buffers hold `count` elements, on `stream`.
+            None => unsafe { nccl::all_reduce(self.registration, input, output, count as usize, self.dtype, stream)? },
+        }
+        match (&self.norm, tensors) {
+            // SAFETY: x was summed into `normed`, which the norm reads and overwrites in place.
+            (Some(kernels), Tensors::Fused(c)) => unsafe { c.launch_norm(kernels, self.dtype, c.normed, stream) },
+            _ => Ok(()),
+        }
+    }
+}
+
+impl Fits for Group {
+    fn nranks(&self) -> i32 {
+        self.nranks
+    }
+    fn one_device(&self) -> bool {
+        let device = self.members.first().and_then(Option::as_ref).map(|m| m.device);
+        device.is_some() && self.members.iter().all(|m| m.as_ref().map(|m| m.device) == device)
+    }
+    fn serves(&self, family: Family, dtype: DataType, message: &Message) -> bool {
+        let fits = match message.rows {
+            None => family.fits(message.bytes, self.max_bytes),
+            Some((tokens, hidden)) => family.fused_fits(tokens, hidden, dtype.size(), self.max_bytes, self.nranks),
+        };
+        fits && self.kernels().is_some_and(|k| k.function(family, plan::op(message), dtype, self.nranks).is_some())
+    }
+}
+
+impl Group {
+    /// Whether `family` has a plain all-reduce kernel for this group and `dtype`, and takes `bytes`.
+    pub fn serves_bytes(&self, family: Family, dtype: DataType, bytes: u64) -> bool {
+        self.serves(family, dtype, &Message { bytes, rows: None })
+    }
+
+    /// Rank `rank`'s launch of `family` for `message` (a plain sum, or the fused op when it has
+    /// rows) on `tensors`: its kernel, grid and block, and call flags. Refused once the group is
+    /// retired or has a fault (its kernels would do nothing).
+    pub(crate) fn plan(&self, rank: i32, family: Family, dtype: DataType, message: &Message, tensors: &Tensors) -> Result<Launch> {
+        let member = self.member(rank)?;
+        if self.is_retired() {
+            return Err(Error::Released);
+        }
+        if let Some(fault) = self.fault() {
+            return Err(Error::GroupFault { device: member.device, why: fault.describe() });
+        }
+        let op = plan::op(message);
+        let function = member.kernels.function(family, op, dtype, self.nranks).ok_or_else(|| Error::NoKernel(family::kernel_name(family, op, dtype, self.nranks)))?;
+        let mut plan = plan::kernel(family, dtype, message, self.nranks, self.max_blocks);
+        if op == Op::AllReduce {
+            let (input, output, _) = tensors.sum_operands();
+            let (device, one_device) = (member.device, self.one_device());
+            plan.flags = plan::call_flags(family, self.exchanges_pointers(), input == output, || plan::peers_reach(device, one_device, cuda::device_memory(input)));
+        }
+        Ok(Launch { function, plan, pdl: member.kernels.pdl })
+    }
+
+    /// Launches rank `rank`'s planned kernel on `tensors`.
+    ///
+    /// # Safety
+    /// As [`CallPlan::run`]; `launch` is this group's plan for these tensors.
+    pub(crate) unsafe fn run(&self, rank: i32, launch: &Launch, tensors: &Tensors, stream: Stream) -> Result<()> {
+        let (input, output, count) = tensors.sum_operands();
+        let Launch { function, plan, pdl } = *launch;
+        match tensors {
+            // The fused kernels read ar.input (x) and write normed and residual_out themselves.
+            Tensors::Fused(c) if plan.op != crate::launch::contract::EAR_OP_ALLREDUCE => {
+                let ar = self.params(rank, input, DevicePtr::NULL, count, plan.flags)?;
+                // SAFETY: the caller's buffers; the workspaces and state block are the group's,
+                // alive while `self` is.
+                unsafe { cuda::launch(function, plan.grid, plan.block, stream, &c.params(ar), pdl) }
+            }
+            _ => {
+                let ar = self.params(rank, input, output, count, plan.flags)?;
+                // SAFETY: as above.
+                unsafe { cuda::launch(function, plan.grid, plan.block, stream, &ar, pdl) }
+            }
+        }
+    }
+
+    /// Rank `rank`'s part of the parameters of one call.
+    fn params(&self, rank: i32, input: DevicePtr, output: DevicePtr, count: u64, flags: u32) -> Result<EarAllReduceParams> {
+        let member = self.member(rank)?;
+        Ok(EarAllReduceParams {
+            peer_ws: self.peer_ws.map(DevicePtr::as_mut),
+            state: member.state.ptr().as_mut(),
+            input: input.as_const(),
+            output: output.as_mut(),
+            count,
+            ws_max_bytes: self.max_bytes,
+            rank,
+            nranks: self.nranks,
+            fault: member.fault.as_mut().cast(),
+            timeout_ns: self.timeout_ns,
+            generation: self.generation,
+            flags,
+        })
+    }
+
+    /// Whether the ranks of a 4+ rank one-shot or two-shot tell each other where their inputs
+    /// are (`EAR_CALL_POINTERS`): the group lives in this process (one address space, so a
+    /// peer can read a rank's input where it lies), every rank's kernels have the 16-byte
+    /// atomics of the exchange (code from compute_90 or newer), and the links between its
+    /// devices carry them (`Group::links_exchange`). It depends on the group only, so every
+    /// rank of a call gives the same answer, as the flag requires.
+    fn exchanges_pointers(&self) -> bool {
+        self.nranks >= 4 && self.links_exchange && self.members.iter().all(|m| m.as_ref().is_some_and(|m| m.kernels.sm90_code))
+    }
+
+    /// Enqueues rank `rank`'s part of one all-reduce on `stream` (a stream of that rank's
+    /// device): [`Group::plan`] then [`Group::run`] (benchmarks and tests).
+    ///
+    /// # Safety
+    /// `input` and `output` must be 16-byte aligned device buffers of `count` elements on the
+    /// rank's device, and every rank of the group must enqueue the same call (family, dtype,
+    /// count) in the same order.
+    #[allow(clippy::too_many_arguments)] // one call's operands, as enqueue receives them
+    pub unsafe fn launch(&self, rank: i32, family: Family, dtype: DataType, input: DevicePtr, output: DevicePtr, count: usize, stream: Stream) -> Result<()> {
+        let tensors = Tensors::Sum { input, output, count: count as u64 };
+        let launch = self.plan(rank, family, dtype, &Message { bytes: count as u64 * dtype.size() as u64, rows: None }, &tensors)?;
+        // SAFETY: the caller's contract.
+        unsafe { self.run(rank, &launch, &tensors, stream) }
+    }
+
+    /// Enqueues rank `rank`'s part of one fused all-reduce + residual + RMSNorm.
+    ///
+    /// # Safety
+    /// As [`Group::launch`], for every tensor of `call`.
+    pub unsafe fn launch_fused(&self, rank: i32, family: Family, dtype: DataType, call: &FusedCall, stream: Stream) -> Result<()> {
+        let tensors = Tensors::Fused(*call);
+        let message = Message { bytes: call.tokens * call.hidden as u64 * dtype.size() as u64, rows: Some((call.tokens, call.hidden)) };
+        let launch = self.plan(rank, family, dtype, &message, &tensors)?;
+        // SAFETY: the caller's contract.
+        unsafe { self.run(rank, &launch, &tensors, stream) }
+    }
+}

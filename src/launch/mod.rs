@@ -1,0 +1,104 @@
+//! What a launch is: the kernels' contract ([`contract`]), the families and what they take
+//! ([`family`]), one rank's launch plan ([`plan`]: kernel, grid, block, flags from one C rule
+//! shared with the kernel simulations), the embedded kernels ([`kernels`], [`kernel_images`]) and
+//! AUTO's tables ([`strategy`]). Nothing here holds state: a group (`crate::group`) asks.
+
+pub(crate) mod contract;
+pub(crate) mod family;
+pub(crate) mod kernel_images;
+pub(crate) mod kernels;
+pub(crate) mod plan;
+pub(crate) mod strategy;
+
+use crate::cuda::DevicePtr;
+use contract::{EarAllReduceParams, EarFusedParams};
+use family::Family;
+use crate::tensor::DataType;
+
+/// A message as the kernels see it: its bytes, and for the fused op its rows.
+#[derive(Clone, Copy, Debug)]
+pub struct Message {
+    pub bytes: u64,
+    /// `(tokens, hidden)` of a fused all-reduce + residual + RMSNorm; None for a plain sum.
+    pub rows: Option<(u64, u32)>,
+}
+
+/// What the custom kernels can do for a call: implemented by `crate::group::Group`, and by
+/// fakes in tests.
+pub trait Fits {
+    fn nranks(&self) -> i32;
+    /// Whether `family` has a kernel for this group, `dtype` and the message's op, and takes it.
+    fn serves(&self, family: Family, dtype: DataType, message: &Message) -> bool;
+    /// Whether every rank is on one device (simulated ranks): then that device's memory, not
+    /// the links between GPUs, carries every byte (AUTO's tables differ: [`strategy`]).
+    fn one_device(&self) -> bool {
+        false
+    }
+}
+
+/// The tensors of one fused all-reduce + residual (+ bias) + RMSNorm.
+#[derive(Clone, Copy, Debug)]
+pub struct FusedCall {
+    pub x: DevicePtr,
+    pub residual: DevicePtr,
+    /// NULL: no bias.
+    pub bias: DevicePtr,
+    pub gamma: DevicePtr,
+    pub residual_out: DevicePtr,
+    pub normed: DevicePtr,
+    pub tokens: u64,
+    pub hidden: u32,
+    pub eps: f32,
+}
+
+impl FusedCall {
+    /// The fused kernels' parameter block around the all-reduce part `ar`.
+    pub(crate) fn params(&self, ar: EarAllReduceParams) -> EarFusedParams {
+        EarFusedParams {
+            ar,
+            residual: self.residual.as_const(),
+            bias: self.bias.as_const(),
+            gamma: self.gamma.as_const(),
+            residual_out: self.residual_out.as_mut(),
+            normed: self.normed.as_mut(),
+            tokens: self.tokens,
+            hidden: self.hidden,
+            eps: self.eps,
+        }
+    }
+
+    /// The parameter block of the residual + RMSNorm kernel alone, on `x_reduced` (already
+    /// summed, or one rank's): the kernel reads only `ar.input` and `ar.count` of `ar`.
+    pub(crate) fn norm_params(&self, x_reduced: DevicePtr) -> EarFusedParams {
+        let ar = EarAllReduceParams {
+            peer_ws: [std::ptr::null_mut(); contract::EAR_MAX_RANKS],
+            state: std::ptr::null_mut(),
+            input: x_reduced.as_const(),
+            output: std::ptr::null_mut(),
+            count: self.tokens * self.hidden as u64,
+            ws_max_bytes: 0,
+            rank: 0,
+            nranks: 0,
+            fault: std::ptr::null_mut(),
+            timeout_ns: 0,
+            generation: 0,
+            flags: 0,
+        };
+        self.params(ar)
+    }
+}
+
+impl FusedCall {
+    /// Residual + bias + RMSNorm alone, on `x_reduced` (already summed by NCCL or a plain
+    /// all-reduce, or one rank's), with `kernels` of the current device.
+    ///
+    /// # Safety
+    /// Every address must be a 16-byte aligned device buffer of the current device of the
+    /// described size; `x_reduced` may equal `normed`.
+    pub unsafe fn launch_norm(&self, kernels: &kernels::DeviceKernels, dtype: DataType, x_reduced: DevicePtr, stream: crate::cuda::Stream) -> crate::Result<()> {
+        let f = kernels.norm(dtype).ok_or_else(|| crate::Error::NoKernel(family::norm_kernel_name(dtype)))?;
+        let p = plan::norm(self.tokens, self.hidden, dtype, kernels.sm_count);
+        // SAFETY: the caller's buffers, the kernel's own parameter block.
+        unsafe { crate::cuda::launch(f, p.grid, p.block, stream, &self.norm_params(x_reduced), kernels.pdl) }
+    }
+}
