@@ -15,16 +15,12 @@
 use cudarc::driver::{sys, CudaContext, CudaSlice, CudaStream, DevicePtr as _};
 use edgellm_allreduce::abi::{edgellmAllReduceLastError, edgellmRegisterNcclCommForAllReducePlugin};
 use edgellm_allreduce::{DataType, DevicePtr, Error, Family, Fault, FusedCall, Group, PluginConfig, PluginCore, Stream, TensorDesc};
+use edgellm_test_support::{check_output, generate, POISON};
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::Duration;
 
 mod common;
 use common::{gpu, Watchdog};
-
-// The benchmark's input generator and output check.
-#[allow(dead_code)]
-#[path = "../bench/src/data.rs"]
-mod data;
 
 fn stream_of(s: &CudaStream) -> Stream {
     Stream(s.cu_stream() as usize)
@@ -184,9 +180,9 @@ fn capture(ctx: &Arc<CudaContext>) -> Captured {
     let origin = ctx.new_stream().unwrap();
     let streams: Vec<_> = (0..2).map(|_| ctx.new_stream().unwrap()).collect();
     let mut reference = vec![0f64; count];
-    let host: Vec<Vec<u8>> = (0..2).map(|r| data::generate(count, DataType::Bf16, r as u64 + 11, Some(&mut reference))).collect();
+    let host: Vec<Vec<u8>> = (0..2).map(|r| generate(count, DataType::Bf16, r as u64 + 11, Some(&mut reference))).collect();
     let inputs: Vec<_> = host.iter().map(|h| origin.clone_htod(h).unwrap()).collect();
-    let poison = vec![data::POISON; count * 2];
+    let poison = vec![POISON; count * 2];
     let outputs: Vec<_> = (0..2).map(|_| origin.clone_htod(&poison).unwrap()).collect();
     origin.synchronize().unwrap();
     assert!(!group.hold_for_capture(stream_of(&origin)).unwrap(), "not capturing: nothing to hold");
@@ -238,7 +234,7 @@ fn a_graph_keeps_the_group_it_captured_and_a_replay_after_the_release_writes_onl
     c.origin.synchronize().unwrap();
     for (r, out) in c.outputs.iter().enumerate() {
         let bytes = c.origin.clone_dtoh(out).unwrap();
-        let check = data::check_output(&bytes, &c.reference, DataType::Bf16);
+        let check = check_output(&bytes, &c.reference, DataType::Bf16);
         assert!(check.first_bad.is_none() && check.rel_err < check.tolerance, "rank {r}: the replay before the release");
     }
     assert_eq!(c.group.fault(), None);
@@ -294,12 +290,12 @@ fn two_streams_at_once_one_runs_the_custom_kernel_the_other_nccl() {
     let plugin = PluginCore::new(PluginConfig::with_tp_size(2).unwrap()).unwrap();
 
     let mut reference = vec![0f64; count];
-    let host: Vec<Vec<u8>> = (0..2).map(|r| data::generate(count, DataType::Bf16, r as u64 + 21, Some(&mut reference))).collect();
+    let host: Vec<Vec<u8>> = (0..2).map(|r| generate(count, DataType::Bf16, r as u64 + 21, Some(&mut reference))).collect();
     let streams: Vec<_> = (0..2).map(|_| ctx.new_stream().unwrap()).collect();
     let rank1 = ctx.new_stream().unwrap();
     let inputs: Vec<_> = (0..2).map(|_| rank1.clone_htod(&host[0]).unwrap()).collect();
-    let outputs: Vec<_> = (0..2).map(|_| rank1.clone_htod(&vec![data::POISON; count * 2]).unwrap()).collect();
-    let (in1, out1) = (rank1.clone_htod(&host[1]).unwrap(), rank1.clone_htod(&vec![data::POISON; count * 2]).unwrap());
+    let outputs: Vec<_> = (0..2).map(|_| rank1.clone_htod(&vec![POISON; count * 2]).unwrap()).collect();
+    let (in1, out1) = (rank1.clone_htod(&host[1]).unwrap(), rank1.clone_htod(&vec![POISON; count * 2]).unwrap());
     rank1.synchronize().unwrap();
 
     let mut owner = None;
@@ -327,7 +323,7 @@ fn two_streams_at_once_one_runs_the_custom_kernel_the_other_nccl() {
         rank1.synchronize().unwrap();
         streams[custom].synchronize().unwrap();
         for bytes in [streams[custom].clone_dtoh(&outputs[custom]).unwrap(), rank1.clone_dtoh(&out1).unwrap()] {
-            let check = data::check_output(&bytes, &reference, DataType::Bf16);
+            let check = check_output(&bytes, &reference, DataType::Bf16);
             assert!(check.first_bad.is_none() && check.rel_err < check.tolerance, "round {round}: the custom call's sum");
         }
         assert_eq!(*owner.get_or_insert(custom), custom, "round {round}: the stream that won the first round keeps the group");

@@ -6,16 +6,12 @@
 
 use cudarc::driver::{CudaStream, DevicePtr as _};
 use edgellm_allreduce::{DataType, DevicePtr, Family, Group, Stream};
+use edgellm_test_support::{check_output, generate};
 use std::sync::Arc;
 use std::time::Duration;
 
 mod common;
 use common::{gpu, Watchdog};
-
-// The benchmark's input generator and output check, one definition for both.
-#[allow(dead_code)]
-#[path = "../bench/src/data.rs"]
-mod data;
 
 /// One all-reduce on every rank of `group`; returns each rank's output bytes.
 fn all_reduce(
@@ -71,13 +67,13 @@ fn every_family_type_and_rank_count_on_simulated_ranks() {
                     // fp64 sum of the stored inputs, in rank order.
                     let mut reference = vec![0f64; count];
                     let inputs: Vec<_> = (0..nranks)
-                        .map(|r| data::generate(count, dtype, (r as u64 + 1) * 7919 + count as u64, Some(&mut reference)))
+                        .map(|r| generate(count, dtype, (r as u64 + 1) * 7919 + count as u64, Some(&mut reference)))
                         .collect();
                     let outputs = all_reduce(&group, &streams, family, dtype, &inputs, in_place);
                     for (rank, out) in outputs.iter().enumerate() {
                         assert!(out == &outputs[0], "rank {rank} differs from rank 0: {family:?} {dtype:?} n={nranks} count={count}");
                     }
-                    let check = data::check_output(&outputs[0], &reference, dtype);
+                    let check = check_output(&outputs[0], &reference, dtype);
                     assert!(
                         check.first_bad.is_none(),
                         "unwritten or non-finite output at {:?}: {family:?} {dtype:?} n={nranks} count={count}",

@@ -11,7 +11,8 @@ use edgellm_allreduce::{DataType, Family};
 /// handle it where the compiler points: `sim::plan` / `real::Shared::plan` (plain) or
 /// `sim::plan_fused` / `real::Shared::plan_fused` (fused: can it run at this shape, with
 /// which kernels), the runners' `enqueue` (one call) and the reference of the check
-/// (`data::generate` sums the inputs; `data::fused_reference` derives the fused outputs).
+/// (`edgellm_test_support::generate` sums the inputs; `edgellm_test_support::fused_reference`
+/// derives the fused outputs).
 /// Timing, graphs, CSV, table and plot need no change: they only see a row name.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Case {

@@ -6,7 +6,7 @@
 //! on every rank (tensor parallelism). Every buffer is a fresh `cuMemAlloc` (256-byte aligned).
 
 use crate::case::{Case, Shape};
-use crate::data::{self, OutputCheck, SharedInputs};
+use edgellm_test_support::{self as data, OutputCheck, SharedInputs};
 use crate::gpu::{memset_async, DevBuf, Res};
 use cudarc::driver::{CudaContext, CudaStream};
 use edgellm_allreduce::{DataType, DeviceKernels, DevicePtr, Family, FusedCall, Group, Stream};

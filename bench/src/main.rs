@@ -3,7 +3,6 @@
 //! bench/README.md.
 
 mod case;
-mod data;
 mod fused;
 mod gpu;
 mod measure;
@@ -59,7 +58,7 @@ struct RunArgs {
     #[arg(long, value_delimiter = ',')]
     ranks: Vec<i32>,
     /// Element types: bf16, fp16, fp32 (comma-separated).
-    #[arg(long, value_delimiter = ',', default_value = "bf16", value_parser = data::parse_dtype)]
+    #[arg(long, value_delimiter = ',', default_value = "bf16", value_parser = edgellm_test_support::parse_dtype)]
     dtype: Vec<DataType>,
     /// Smallest message (bytes; K, M, G are powers of 1024).
     #[arg(long, default_value = "1K", value_parser = stats::parse_bytes)]
@@ -333,7 +332,7 @@ fn run(a: RunArgs) -> i32 {
     }
     let plan = Plan { ranks, dtypes: a.dtype.clone(), sizes, cases, shapes, fused_cases, settings, workspace_bytes: a.workspace_bytes, device: a.device };
 
-    let dtypes = plan.dtypes.iter().map(|d| data::dtype_name(*d)).collect::<Vec<_>>().join(",");
+    let dtypes = plan.dtypes.iter().map(|d| edgellm_test_support::dtype_name(*d)).collect::<Vec<_>>().join(",");
     if !plan.cases.is_empty() {
         println!(
             "edgellm-allreduce-bench: mode {}, ranks {:?}, {dtypes}, {} sizes {}..{}, rows {}",

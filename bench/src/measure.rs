@@ -18,7 +18,7 @@
 //! A launch that fails on one rank while its peers' kernels spin cannot be recovered: every
 //! thread learns it at the next agreement point (before it waits on the GPU) and the run stops.
 
-use crate::data::{self, OutputCheck};
+use edgellm_test_support::{self as data, OutputCheck};
 use crate::gpu::{capture, watchdog, Gate, Res, Timer, GATE_MAX_CALLS};
 use crate::record::{Record, Status};
 use crate::stats;

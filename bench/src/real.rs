@@ -10,7 +10,7 @@
 
 use crate::case::{fused_call, path_name, plain_call, Case, Shape};
 use crate::fused::{self, FusedBufs, FusedOp};
-use crate::data::{self, dtype_name, trt_code, OutputCheck};
+use edgellm_test_support::{self as data, dtype_name, trt_code, OutputCheck};
 use crate::gpu::{self, memset_async, Context, DevBuf, Gate, Res, Timer};
 use crate::measure::{self, Fatal, Gated, Meeting, Member, Runner, Sink, Team};
 use crate::nccl::Nccl;

@@ -10,7 +10,7 @@
 
 use crate::case::{fused_call, path_name, plain_call, Case, Shape};
 use crate::fused::{self, FusedBufs, FusedOp};
-use crate::data::{self, dtype_name, OutputCheck};
+use edgellm_test_support::{self as data, dtype_name, OutputCheck};
 use crate::gpu::{self, capture, memset_async, watchdog, Context, DevBuf, Gate, Res, Timer, GATE_MAX_CALLS};
 use crate::measure::{self, Fatal, Gated, Measured, Runner, Settings, Sink, Solo};
 use crate::record::{Record, Status, COPY, FLOOR};

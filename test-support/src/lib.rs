@@ -1,10 +1,13 @@
-//! Input data and the correctness check (the approach of tests/gpu_simulated_ranks.rs):
-//! pseudo-random values in [-2, 2) per rank, an fp64 reference sum, and a check that every
-//! rank's output is bit-identical and within the type's tolerance of the reference (relative
-//! L2 error), with no unwritten (poisoned: NaN) or non-finite element.
+//! Input data and the correctness check that edgellm-allreduce's GPU tests (`tests/gpu_*.rs`)
+//! and its benchmark (`bench/`) share: pseudo-random values in [-2, 2) per rank, an fp64
+//! reference sum, and a check that every rank's output is bit-identical and within the type's
+//! tolerance of the reference (relative L2 error), with no unwritten (poisoned: NaN) or
+//! non-finite element. The fused op's shared inputs (residual, gamma, bias) and fp64 references
+//! come with it.
 
 use edgellm_allreduce::DataType;
 
+/// The type's name in the benchmark's tables and options: "fp32", "fp16", "bf16".
 pub fn dtype_name(dtype: DataType) -> &'static str {
     match dtype {
         DataType::Float => "fp32",
@@ -13,6 +16,7 @@ pub fn dtype_name(dtype: DataType) -> &'static str {
     }
 }
 
+/// A type from its name (bf16 / bfloat16, fp16 / f16 / half, fp32 / f32 / float; any case).
 pub fn parse_dtype(s: &str) -> Result<DataType, String> {
     match s.trim().to_ascii_lowercase().as_str() {
         "bf16" | "bfloat16" => Ok(DataType::Bf16),
@@ -130,7 +134,13 @@ pub fn check_output(bytes: &[u8], reference: &[f64], dtype: DataType) -> OutputC
 }
 
 /// One named output against its reference, within `tolerance` (relative L2 error).
-pub fn check_named(bytes: &[u8], reference: &[f64], dtype: DataType, output: &'static str, tolerance: f64) -> OutputCheck {
+pub fn check_named(
+    bytes: &[u8],
+    reference: &[f64],
+    dtype: DataType,
+    output: &'static str,
+    tolerance: f64,
+) -> OutputCheck {
     let (mut err, mut norm, mut first_bad) = (0f64, 0f64, None);
     for (i, (c, r)) in bytes.chunks_exact(dtype.size()).zip(reference).enumerate() {
         let got = decode(c, dtype);
@@ -239,9 +249,17 @@ pub fn fused_tolerances(dtype: DataType) -> (f64, f64) {
 }
 
 /// One rank's fused outputs against the references.
-pub fn check_fused(normed: &[u8], residual_out: &[u8], reference: &(Vec<f64>, Vec<f64>), dtype: DataType) -> [OutputCheck; 2] {
+pub fn check_fused(
+    normed: &[u8],
+    residual_out: &[u8],
+    reference: &(Vec<f64>, Vec<f64>),
+    dtype: DataType,
+) -> [OutputCheck; 2] {
     let (tol_res, tol_norm) = fused_tolerances(dtype);
-    [check_named(normed, &reference.1, dtype, "normed", tol_norm), check_named(residual_out, &reference.0, dtype, "residual_out", tol_res)]
+    [
+        check_named(normed, &reference.1, dtype, "normed", tol_norm),
+        check_named(residual_out, &reference.0, dtype, "residual_out", tol_res),
+    ]
 }
 
 #[cfg(test)]
@@ -302,7 +320,10 @@ mod tests {
         for dtype in [DataType::Float, DataType::Half, DataType::Bf16] {
             let shared = shared_inputs(2, dtype, tokens, hidden, true);
             assert_eq!(shared, shared_inputs(2, dtype, tokens, hidden, true), "identical on every rank");
-            assert_eq!((shared.residual.len(), shared.gamma.len(), shared.bias.len()), (count * dtype.size(), hidden as usize * dtype.size(), hidden as usize * dtype.size()));
+            assert_eq!(
+                (shared.residual.len(), shared.gamma.len(), shared.bias.len()),
+                (count * dtype.size(), hidden as usize * dtype.size(), hidden as usize * dtype.size())
+            );
             assert_ne!(shared.residual_f64[..hidden as usize], shared.gamma_f64[..], "different tensors");
             assert!(shared_inputs(2, dtype, tokens, hidden, false).bias.is_empty());
             let mut sum = vec![0f64; count];
