@@ -9,6 +9,7 @@ use crate::error::{Error, Result};
 use crate::family::{self, Family, Op};
 use crate::group::Group;
 use crate::kernels::DeviceKernels;
+use crate::link::LinkClass;
 use crate::tensor::DataType;
 
 /// A message as the kernels see it: its bytes, and for the fused op its rows.
@@ -24,10 +25,10 @@ pub trait Fits {
     fn nranks(&self) -> i32;
     /// Whether `family` has a kernel for this group, `dtype` and the message's op, and takes it.
     fn serves(&self, family: Family, dtype: DataType, message: &Message) -> bool;
-    /// Whether every rank is on one device (simulated ranks): then that device's memory, not
-    /// the links between GPUs, carries every byte (AUTO's tables differ: `crate::strategy`).
-    fn one_device(&self) -> bool {
-        false
+    /// What carries the bytes between the ranks (`crate::link`): AUTO keeps a table per class
+    /// (`crate::strategy`). NVLink unless said otherwise (the tables measured first).
+    fn link_class(&self) -> LinkClass {
+        LinkClass::NvLink
     }
 }
 
@@ -35,9 +36,12 @@ impl Fits for Group {
     fn nranks(&self) -> i32 {
         self.nranks
     }
-    fn one_device(&self) -> bool {
-        let device = self.members.first().and_then(Option::as_ref).map(|m| m.device);
-        device.is_some() && self.members.iter().all(|m| m.as_ref().map(|m| m.device) == device)
+    fn link_class(&self) -> LinkClass {
+        if self.one_device() {
+            LinkClass::SameDevice
+        } else {
+            self.links
+        }
     }
     fn serves(&self, family: Family, dtype: DataType, message: &Message) -> bool {
         let fits = match message.rows {
@@ -109,6 +113,13 @@ impl FusedCall {
 }
 
 impl Group {
+    /// Whether every rank is on one device (simulated ranks): then that device's memory, not
+    /// the links between GPUs, carries every byte.
+    fn one_device(&self) -> bool {
+        let device = self.members.first().and_then(Option::as_ref).map(|m| m.device);
+        device.is_some() && self.members.iter().all(|m| m.as_ref().map(|m| m.device) == device)
+    }
+
     /// Whether `family` has a plain all-reduce kernel for this group and `dtype`, and takes `bytes`.
     pub fn serves_bytes(&self, family: Family, dtype: DataType, bytes: u64) -> bool {
         self.serves(family, dtype, &Message { bytes, rows: None })

@@ -12,7 +12,9 @@
 //! | `overlay`, `loader` | Edge-LLM's own plugin library loaded beside this one (the base); what the dynamic loader knows |
 //! | `plugin`, `io` | the plugin's decisions and enqueue dispatch; its tensors' counts, types, shapes, formats |
 //! | `fields` | plugin fields: parse, validate, serialize |
-//! | `strategy` | which path runs a call: copy, NCCL or a custom kernel family |
+//! | `strategy` | which path runs a call: copy, NCCL or a custom kernel family; AUTO's tables per link class |
+//! | `link` | what carries the bytes between two ranks (same device, NVLink, PCIe, none), from the driver's P2P attributes |
+//! | `tuning` | AUTO's tables measured on this machine (`edgellm-allreduce-bench tune`): the file, its checks, its loader |
 //! | `launch` | the launcher: fits, grid and block, parameters, launch |
 //! | `family` | each kernel family described once: names, sync, fits and grid rules |
 //! | `contract` | the kernels' constants and parameter blocks (cbindgen writes `kernels/ear_contract.h`) |
@@ -51,6 +53,7 @@ mod io;
 mod kernel_images;
 mod kernels;
 mod launch;
+mod link;
 mod loader;
 mod log;
 mod nccl;
@@ -60,6 +63,7 @@ mod reclaim;
 mod registry;
 mod strategy;
 mod tensor;
+pub mod tuning;
 
 // The benchmark's and the GPU tests' API.
 pub use cuda::{DevicePtr, Stream};
@@ -74,10 +78,11 @@ pub use groups::group_for;
 pub use groups::install_for_tests;
 pub use kernels::{for_device as device_kernels, DeviceKernels, IMAGES as KERNEL_IMAGES};
 pub use launch::{Fits, FusedCall, Message};
+pub use link::{describe as describe_links, group_class, pair_facts, query as link_facts, LinkClass, PairFacts};
 pub use nccl::dtype_code as nccl_dtype_code;
 pub use plugin::PluginCore;
 pub use reclaim::free_released_memory;
-pub use strategy::{choose, requested, Call, Path, Requested};
+pub use strategy::{builtin_tables, choose, requested, AutoTables, Call, FusedChoice, Path, Requested, NARROW_ROW};
 pub use tensor::DataType;
 
 use bridge::*;
