@@ -15,11 +15,11 @@
 //! - peer access and native atomics over the link
 //!   (`CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED` 1: "all CUDA-valid atomic operations
 //!   over the link are supported", cuda.h): [`LinkClass::NvLink`]. NVLink carries every atomic
-//!   natively; PCIe peer-to-peer does not (the driver reports at most the partial attribute
-//!   there, `..._ONLY_PARTIAL_NATIVE_ATOMIC_SUPPORTED`, CUDA 13), which is why vLLM and
-//!   tilescale read this attribute as their NVLink test and why this library's pointer
-//!   exchange asks `cuDeviceGetP2PAtomicCapabilities` before it relies on 128-bit atomics
-//!   (`cuda::p2p_exchange_128`);
+//!   natively; PCIe peer-to-peer does not promise them (PCIe AtomicOps need completer and
+//!   routing support at every switch and root port on the way, which platforms often lack, and
+//!   CUDA 13 added `..._ONLY_PARTIAL_NATIVE_ATOMIC_SUPPORTED` for links with some of them). A
+//!   PCIe fabric that reported every atomic native would be taken as NVLink: none is known, and
+//!   a tuning file measured there (`crate::tuning`) replaces the tables whatever the class;
 //! - peer access without native atomics: [`LinkClass::Pcie`];
 //! - an attribute the driver did not answer: peer access reported but atomics unknown is
 //!   taken as PCIe (the cautious tables: they never push large messages into peers); access

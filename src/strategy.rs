@@ -463,10 +463,12 @@ pub(crate) fn choose_tuned(requested: Requested, call: &Call, group: Option<&dyn
         return decide(Path::Nccl, Some(Fallback::Unaligned));
     }
     // The families to try, smallest first from the one asked for, and how they run.
-    let (first, split) = match (requested, auto_choice(group.nranks(), call.dtype, &call.message, class, tuned)) {
-        (Requested::Auto, FusedChoice::Nccl) => return decide(Path::Nccl, None),
-        (Requested::Auto, FusedChoice::Fused(f)) => (f, false),
-        (Requested::Auto, FusedChoice::Split(f)) => (f, true),
+    let (first, split) = match requested {
+        Requested::Auto => match auto_choice(group.nranks(), call.dtype, &call.message, class, tuned) {
+            FusedChoice::Nccl => return decide(Path::Nccl, None),
+            FusedChoice::Fused(f) => (f, false),
+            FusedChoice::Split(f) => (f, true),
+        },
         _ => (families[0], false),
     };
     let plain = Message { rows: None, ..call.message };
