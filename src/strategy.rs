@@ -217,9 +217,8 @@ pub const NARROW_ROW: u32 = 4096;
 ///
 /// The model. A PCIe x16 link carries ~25 GB/s per direction at Gen4 and ~50 at Gen5 (32 and
 /// 64 raw; 25 GB/s measured at Gen4, ZaidQureshi/bam#54; <= 28.4 after TLP headers,
-/// ai-dynamo/aiconfigurator#1301), and a hop costs ~1-2 us (a GPU-driven round trip ~2 us,
-/// aiconfigurator#1301; peer-write latency 1.8-2.3 us in p2pBandwidthLatencyTest,
-/// NVIDIA/cuda-samples#230). NCCL's ring moves 2(N-1)/N x S per rank at about the bus bandwidth
+/// ai-dynamo/aiconfigurator#1301), and a hop costs ~1-2 us (a GPU-driven PCIe round trip
+/// measured ~2 us, aiconfigurator#1301). NCCL's ring moves 2(N-1)/N x S per rank at about the bus bandwidth
 /// but pays ~20-45 us at small sizes (36 us at TP16, local-inference-lab/b12x#139; 45 us at 4 KB
 /// on 8 x RTX 6000D, sgl-project/sglang#32479). Three rules follow.
 ///
@@ -240,7 +239,7 @@ pub const NARROW_ROW: u32 = 4096;
 /// 3. One-shot to the two-shot crossover, then the two-shot, then NCCL above 1 MiB. The one-shot
 ///    pulls (N-1)(N-2)/N x S more than the two-shot, which pays one more round trip (~3 us): at
 ///    25 GB/s they cross at ~50 KB at 4 ranks, ~14 KB at 8, ~6 KB at 16 (64, 16, 8 KiB taken;
-///    vLLM's NVLink crossovers, 512 and 256 KB at ~360 GB/s, scale to the same). The pulling
+///    vLLM's NVLink crossovers, 512 and 256 KB at ~360 GB/s, scale to ~35 and ~18 KB). The pulling
 ///    two-shot moves the ring's bytes, so its gain over NCCL is fixed cost (~15-35 us); at 1 MiB
 ///    the transfer itself takes 31-63 us at 4 ranks (Gen5 to Gen4), and above it the gain is
 ///    smaller than what the model leaves out: all-to-all reads from N ranks share root ports
