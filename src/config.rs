@@ -54,6 +54,9 @@ pub(crate) struct Config {
     pub pdl: bool,
     /// `EDGELLM_ALLREDUCE_LOG_LEVEL`: stderr logging when no TensorRT logger was given.
     pub log_level: Severity,
+    /// `EDGELLM_ALLREDUCE_TUNING`: the tuning file AUTO reads (`crate::launch::tuning`; unset or empty:
+    /// `edgellm-allreduce-tuning.txt` beside the library, if there is one).
+    pub tuning_file: Option<std::path::PathBuf>,
     /// Values that were set but not understood, one line each (logged once, then ignored).
     pub problems: Vec<String>,
 }
@@ -91,7 +94,9 @@ impl Config {
             .unwrap_or(Severity::Warning);
         let exchange_at_register = parsed("EDGELLM_ALLREDUCE_EXCHANGE", "register", &|v| v == "register").is_some();
         let pdl = parsed("EDGELLM_ALLREDUCE_PDL", "0 or 1", &|v| v == "0" || v == "1").is_none_or(|v| v != "0");
-        Config { strategy, workspace_bytes, exchange_at_register, max_blocks, timeout_ms, pdl, log_level, problems }
+        // A path: any text but the empty one (which means unset, as for a shell's VAR=).
+        let tuning_file = var("EDGELLM_ALLREDUCE_TUNING").filter(|v| !v.trim().is_empty()).map(std::path::PathBuf::from);
+        Config { strategy, workspace_bytes, exchange_at_register, max_blocks, timeout_ms, pdl, log_level, tuning_file, problems }
     }
 }
 
@@ -136,6 +141,8 @@ mod tests {
         assert_eq!((c.strategy, c.workspace_bytes, c.max_blocks), (None, None, None));
         assert!(c.pdl && !c.exchange_at_register && c.problems.is_empty());
         assert_eq!(c.log_level, Severity::Warning);
+        assert_eq!(c.tuning_file, None);
+        assert_eq!(from(&[("EDGELLM_ALLREDUCE_TUNING", " ")]).tuning_file, None, "empty: unset");
         assert_eq!(c.timeout_ms, 10_000);
     }
 
@@ -149,8 +156,10 @@ mod tests {
             ("EDGELLM_ALLREDUCE_PDL", "0"),
             ("EDGELLM_ALLREDUCE_LOG_LEVEL", "verbose"),
             ("EDGELLM_ALLREDUCE_TIMEOUT_MS", "0"),
+            ("EDGELLM_ALLREDUCE_TUNING", "/opt/ear/tuning.txt"),
         ]);
         assert_eq!(c.timeout_ms, 0, "0: no bound");
+        assert_eq!(c.tuning_file, Some(std::path::PathBuf::from("/opt/ear/tuning.txt")));
         assert!(c.problems.is_empty(), "{:?}", c.problems);
         assert_eq!(c.strategy, Some(Requested::Lamport));
         assert_eq!(c.workspace_bytes, Some(1008), "rounded up to 16 bytes");

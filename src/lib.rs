@@ -10,7 +10,8 @@
 //! | `overlay` | Edge-LLM's own plugin library loaded beside this one (the base), the policy of whose creator TensorRT sees |
 //! | `plugin` | TensorRT-facing decisions: fields, tensors, and what `enqueue` runs |
 //! | `group` | devices and groups: the per-device record ([`group::device`]), which devices form a group and the multi-process exchange, a group's memory, faults, reclaimed memory; `Group::plan` and `Group::run` |
-//! | `launch` | what a launch is: the kernels' contract, the families and their rules, the launch plan, the embedded kernels, AUTO's tables |
+//! | `launch` | what a launch is: the kernels' contract, the families and their rules, the launch plan, the embedded kernels, AUTO's tables per link class and the tuning file (`launch::tuning`) |
+//! | `link` | what carries the bytes between two ranks (same device, NVLink, PCIe, none), from the driver's P2P attributes |
 //! | `cuda`, `nccl`, `config`, `tensor`, `error`, `log` | leaves: the driver, NCCL, every environment knob, tensor types, errors, logging (to a sink installed at start-up) |
 //!
 //! One enqueue, in five files: `cpp/allReducePlugin.cpp` (`AllReducePlugin::enqueue`) →
@@ -32,6 +33,7 @@ mod cuda;
 mod error;
 mod group;
 mod launch;
+mod link;
 mod log;
 mod nccl;
 mod overlay;
@@ -53,11 +55,14 @@ pub use launch::family::{Family, RANK_COUNTS};
 pub use launch::kernels::{DeviceKernels, IMAGES as KERNEL_IMAGES};
 pub use launch::strategy::{choose, Call, Path, Requested};
 pub use launch::{Fits, FusedCall, Message};
+pub use link::{describe as describe_links, group_class, pair_facts, query as link_facts, LinkClass, PairFacts};
 pub use nccl::dtype_code as nccl_dtype_code;
 pub use plugin::fields::{FusionOp, PluginConfig};
 pub use plugin::{requested, PluginCore};
 pub use tensor::{DataType, TensorDesc};
 pub use group::device::kernels as device_kernels;
+pub use launch::strategy::{builtin_tables, AutoTables, FusedChoice, NARROW_ROW};
+pub use launch::tuning;
 
 /// The configuration (`crate::config`), what could not be parsed logged once.
 pub(crate) fn config() -> &'static config::Config {

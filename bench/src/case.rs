@@ -40,6 +40,10 @@ pub enum Case {
     /// Fused: `PluginCore::enqueue` of a fused plugin (AUTO, fusion_op RESIDUAL_RMS_NORM)
     /// after registering the communicators (real mode only).
     PluginFused,
+    /// Fused, the split path of one family: its plain all-reduce into a temporary buffer, then
+    /// the residual + RMSNorm kernel (what AUTO runs for `FusedChoice::Split`). Measured by
+    /// `tune` for every family; not a default row (`ar_then_norm` shows AUTO's).
+    Split(Family),
 }
 
 impl Case {
@@ -58,6 +62,9 @@ impl Case {
             Case::ArThenNorm => "ar_then_norm",
             Case::NcclThenNorm => "nccl_then_norm",
             Case::PluginFused => "plugin_fused",
+            Case::Split(Family::OneShot) => "split_oneshot",
+            Case::Split(Family::TwoShot) => "split_twoshot",
+            Case::Split(Family::Lamport) => "split_lamport",
         }
     }
 
@@ -65,7 +72,7 @@ impl Case {
         Case::ALL.into_iter().find(|c| c.name().eq_ignore_ascii_case(s.trim()))
     }
 
-    pub const ALL: [Case; 13] = [
+    pub const ALL: [Case; 16] = [
         Case::Nccl,
         Case::Custom(Family::OneShot),
         Case::Custom(Family::TwoShot),
@@ -79,11 +86,14 @@ impl Case {
         Case::ArThenNorm,
         Case::NcclThenNorm,
         Case::PluginFused,
+        Case::Split(Family::OneShot),
+        Case::Split(Family::TwoShot),
+        Case::Split(Family::Lamport),
     ];
 
     /// The rows of a mode and sweep (fused or plain) when `--strategies` is not given.
     pub fn defaults(mode: Mode, fused: bool) -> Vec<Case> {
-        Case::ALL.into_iter().filter(|c| c.runs_in(mode) && c.is_fused() == fused).collect()
+        Case::ALL.into_iter().filter(|c| c.runs_in(mode) && c.is_fused() == fused && !matches!(c, Case::Split(_))).collect()
     }
 
     pub fn runs_in(self, mode: Mode) -> bool {
@@ -95,7 +105,7 @@ impl Case {
 
     /// A row of the fused sweep (all-reduce + residual + RMSNorm of a shape).
     pub fn is_fused(self) -> bool {
-        matches!(self, Case::Fused(_) | Case::FusedAuto | Case::ArThenNorm | Case::NcclThenNorm | Case::PluginFused)
+        matches!(self, Case::Fused(_) | Case::FusedAuto | Case::ArThenNorm | Case::NcclThenNorm | Case::PluginFused | Case::Split(_))
     }
 
     /// AUTO and the plugin choose among the others: they are not candidates for "best".
@@ -105,7 +115,7 @@ impl Case {
 
     /// The unfused baselines of the fused sweep: not candidates for "best fused" either.
     pub fn is_baseline(self) -> bool {
-        matches!(self, Case::ArThenNorm | Case::NcclThenNorm)
+        matches!(self, Case::ArThenNorm | Case::NcclThenNorm | Case::Split(_))
     }
 
     /// Rows whose table cell shows the path taken (what AUTO / the plugin picked, or which
@@ -285,6 +295,7 @@ mod tests {
         assert!(Case::FusedAuto.is_meta() && Case::PluginFused.is_meta() && Case::ArThenNorm.is_baseline());
         assert!(Case::ArThenNorm.shows_path() && !Case::Fused(Family::Lamport).shows_path());
         assert!(is_fused_name("nccl_then_norm") && !is_fused_name("nccl") && !is_fused_name("floor"));
+        assert!(is_fused_name("split_twoshot") && Case::Split(Family::Lamport).is_baseline());
     }
 
     #[test]

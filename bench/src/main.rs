@@ -12,6 +12,7 @@ mod real;
 mod record;
 mod sim;
 mod stats;
+mod tune;
 
 use case::{BiasMode, Case, Mode, Shape, Suite};
 use clap::{Args, Parser, Subcommand};
@@ -47,6 +48,9 @@ enum Command {
         #[arg(long, default_value = "bench.csv")]
         csv: PathBuf,
     },
+    /// Measures every way AUTO can take on this machine and writes the library's tuning file
+    /// (AUTO's tables for these GPUs and links).
+    Tune(tune::TuneArgs),
 }
 
 #[derive(Args)]
@@ -70,8 +74,9 @@ struct RunArgs {
     #[arg(long, value_delimiter = ',', value_parser = stats::parse_bytes)]
     sizes: Vec<u64>,
     /// Rows: nccl, oneshot, twoshot, lamport, auto, plugin; fused: fused_oneshot,
-    /// fused_twoshot, fused_lamport, fused_auto, ar_then_norm, nccl_then_norm, plugin_fused
-    /// [all of the mode's, for the sweeps that run].
+    /// fused_twoshot, fused_lamport, fused_auto, ar_then_norm, nccl_then_norm, plugin_fused,
+    /// split_oneshot, split_twoshot, split_lamport [all of the mode's but the split_ rows, for
+    /// the sweeps that run].
     #[arg(long, value_delimiter = ',', value_parser = parse_case)]
     strategies: Vec<Case>,
     /// Sweeps: plain (all-reduce over message sizes), fused (all-reduce + residual + RMSNorm
@@ -194,6 +199,7 @@ fn main() {
             print!("{}", record::table(&records));
             0
         }),
+        Some(Command::Tune(t)) => tune::run(t),
         None => run(cli.run),
     };
     std::process::exit(code);
@@ -227,7 +233,43 @@ fn env_set(key: &str, value: &str) {
     std::env::set_var(key, value);
 }
 
+/// What a sweep measured: every row, and whether the run went to its end.
+struct Swept {
+    records: Vec<record::Record>,
+    outcome: Result<(), measure::Fatal>,
+}
+
 fn run(a: RunArgs) -> i32 {
+    let Swept { records, outcome } = match sweep(&a) {
+        Ok(swept) => swept,
+        Err(code) => return code,
+    };
+    print!("{}", record::table(&records));
+    println!("\nCSV: {}", a.csv.display());
+    let mut code = 0;
+    if !a.no_plot && draw(&records, &a.plot, a.font.as_deref()) != 0 {
+        code = 2;
+    }
+    let failed = records.iter().filter(|r| r.status == Status::Failed).count();
+    let errors = records.iter().filter(|r| r.status == Status::Error).count();
+    if let Err(e) = &outcome {
+        eprintln!("error: the run stopped: {}", e.0);
+        code = 2;
+    }
+    if failed > 0 {
+        eprintln!("{failed} row(s) FAILED their correctness check");
+        code = code.max(1);
+    }
+    if errors > 0 {
+        eprintln!("{errors} row(s) had an error");
+        code = 2;
+    }
+    code
+}
+
+/// Runs the sweeps `a` asks for (the `run` without a subcommand, and `tune`'s measurements);
+/// Err: the exit status of an argument or setup error, already said.
+fn sweep(a: &RunArgs) -> Result<Swept, i32> {
     // The environment first: CUDA reads CUDA_DEVICE_MAX_CONNECTIONS when a context is created,
     // NCCL reads NCCL_* when it initialises, the library reads EDGELLM_* when a group forms.
     if a.mode == Mode::Sim {
@@ -280,7 +322,7 @@ fn run(a: RunArgs) -> i32 {
     let fused_cases: Vec<Case> = if suite.fused() { pick(true) } else { Vec::new() };
     if cases.is_empty() && fused_cases.is_empty() {
         eprintln!("error: --strategies names no row of the {} sweep", format!("{suite:?}").to_lowercase());
-        return 2;
+        return Err(2);
     }
     for (runs, rows, name) in [(suite.plain(), &cases, "plain"), (suite.fused(), &fused_cases, "fused")] {
         if runs && rows.is_empty() {
@@ -302,13 +344,13 @@ fn run(a: RunArgs) -> i32 {
     sizes.dedup();
     if sizes.is_empty() && !cases.is_empty() {
         eprintln!("error: no message size between {} and {} bytes", a.min_bytes, a.max_bytes);
-        return 2;
+        return Err(2);
     }
 
     let gpus = gpu::device_count();
     if gpus == 0 {
         eprintln!("error: no CUDA device (or no libcuda)");
-        return 2;
+        return Err(2);
     }
     let ranks = if !a.ranks.is_empty() {
         a.ranks.clone()
@@ -320,15 +362,15 @@ fn run(a: RunArgs) -> i32 {
     if a.mode == Mode::Sim {
         if let Some(bad) = ranks.iter().find(|n| !edgellm_allreduce::RANK_COUNTS.contains(n)) {
             eprintln!("error: --ranks {bad}: the kernels exist for {:?} ranks", edgellm_allreduce::RANK_COUNTS);
-            return 2;
+            return Err(2);
         }
         if a.device < 0 || a.device >= gpus {
             eprintln!("error: --device {}: this machine has {gpus} GPU(s)", a.device);
-            return 2;
+            return Err(2);
         }
     } else if gpus < 2 {
         eprintln!("error: real mode needs 2 or more GPUs; this machine has {gpus} (use --mode sim)");
-        return 2;
+        return Err(2);
     }
     let plan = Plan { ranks, dtypes: a.dtype.clone(), sizes, cases, shapes, fused_cases, settings, workspace_bytes: a.workspace_bytes, device: a.device };
 
@@ -374,7 +416,7 @@ fn run(a: RunArgs) -> i32 {
         Ok(w) => Some(w),
         Err(e) => {
             eprintln!("error: creating {}: {e}", a.csv.display());
-            return 2;
+            return Err(2);
         }
     };
     gpu::watchdog::start(std::time::Duration::from_secs(a.timeout.max(5)), format!("rows so far are in {}", a.csv.display()));
@@ -398,26 +440,5 @@ fn run(a: RunArgs) -> i32 {
     };
     let sink = sink.into_inner().unwrap();
     sink.bar.finish_and_clear();
-    let records = sink.records;
-    print!("{}", record::table(&records));
-    println!("\nCSV: {}", a.csv.display());
-    let mut code = 0;
-    if !a.no_plot && draw(&records, &a.plot, a.font.as_deref()) != 0 {
-        code = 2;
-    }
-    let failed = records.iter().filter(|r| r.status == Status::Failed).count();
-    let errors = records.iter().filter(|r| r.status == Status::Error).count();
-    if let Err(e) = &outcome {
-        eprintln!("error: the run stopped: {}", e.0);
-        code = 2;
-    }
-    if failed > 0 {
-        eprintln!("{failed} row(s) FAILED their correctness check");
-        code = code.max(1);
-    }
-    if errors > 0 {
-        eprintln!("{errors} row(s) had an error");
-        code = 2;
-    }
-    code
+    Ok(Swept { records: sink.records, outcome })
 }

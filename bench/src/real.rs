@@ -116,6 +116,11 @@ impl Shared<'_> {
                 _ => Err("AUTO picks NCCL for the plain all-reduce of this size (that is the nccl_then_norm row)".into()),
             },
             Case::NcclThenNorm => nccl_norm(""),
+            Case::Split(f) => match &self.group {
+                Err(e) => Err(e.clone()),
+                Ok(g) if g.serves_bytes(f, dtype, call.message.bytes) => op(FusedOp::ArThenNorm(f)),
+                Ok(g) => Err(format!("{} serves up to {} with this workspace", Case::Custom(f).name(), fmt_bytes(f.max_bytes(g.max_bytes)))),
+            },
             Case::PluginFused => {
                 if !self.registered {
                     return Err(match &self.comms {

@@ -220,6 +220,8 @@ fn plan_fused(case: Case, group: &Group, dtype: DataType, shape: &Shape) -> Resu
             Path::Custom(f) => Ok(FusedOp::ArThenNorm(f)),
             p => Err(format!("AUTO picks {} for the plain all-reduce here (no NCCL in simulation)", path_name(p))),
         },
+        Case::Split(f) if group.serves_bytes(f, dtype, call.message.bytes) => Ok(FusedOp::ArThenNorm(f)),
+        Case::Split(f) => Err(format!("{} serves up to {} with this workspace", Case::Custom(f).name(), fmt_bytes(f.max_bytes(group.max_bytes)))),
         Case::NcclThenNorm | Case::PluginFused => Err("real mode only".into()),
         _ => Err("not a fused row".into()),
     }

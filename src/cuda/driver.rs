@@ -8,7 +8,7 @@
 
 use crate::error::{Error, Result};
 use cudarc::driver::sys::{
-    cuuint64_t, CUatomicOperation, CUcontext, CUdevice, CUdevice_attribute, CUdeviceptr,
+    cuuint64_t, CUatomicOperation, CUcontext, CUdevice, CUdevice_P2PAttribute, CUdevice_attribute, CUdeviceptr,
     CUfunction, CUfunction_attribute, CUgraph, CUgraphEdgeData, CUgraphNode, CUhostFn, CUipcMemHandle,
     CUlaunchConfig, CUmodule, CUpointer_attribute, CUstream, CUuserObject,
 };
@@ -94,6 +94,10 @@ driver_functions! {
     cuDeviceGetCount(count: *mut c_int);
     cuDeviceGetAttribute(value: *mut c_int, attribute: CUdevice_attribute, device: CUdevice);
     cuDeviceCanAccessPeer(can: *mut c_int, device: CUdevice, peer: CUdevice);
+    cuDeviceGetP2PAttribute(value: *mut c_int, attribute: CUdevice_P2PAttribute, device: CUdevice, peer: CUdevice);
+    cuDeviceGetName(name: *mut c_char, length: c_int, device: CUdevice);
+    cuDeviceGetPCIBusId(bus_id: *mut c_char, length: c_int, device: CUdevice);
+    cuDriverGetVersion(version: *mut c_int);
     cuDeviceGetP2PAtomicCapabilities(
         capabilities: *mut c_uint,
         operations: *const CUatomicOperation,

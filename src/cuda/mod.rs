@@ -182,6 +182,76 @@ pub(crate) fn p2p_exchange_128(device: i32, peer: i32) -> bool {
     status.is_ok() && capabilities & Cap::CU_ATOMIC_CAPABILITY_SCALAR_128 as u32 != 0
 }
 
+/// What the driver says of the link from `device` to `peer` (`cuDeviceGetP2PAttribute`), each
+/// attribute None where it did not answer (no driver, an old driver, an error). The link's class
+/// is decided from these by `crate::link::classify`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct P2pAttributes {
+    /// `CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED`.
+    pub access: Option<bool>,
+    /// `CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED`.
+    pub native_atomics: Option<bool>,
+    /// `CU_DEVICE_P2P_ATTRIBUTE_PERFORMANCE_RANK` (lower is better).
+    pub perf_rank: Option<i32>,
+}
+
+/// [`P2pAttributes`] of the link from `device` to `peer` (two distinct ordinals: the driver
+/// rejects a device with itself).
+pub fn p2p_attributes(device: i32, peer: i32) -> P2pAttributes {
+    use sys::CUdevice_P2PAttribute as A;
+    if driver().is_err() {
+        return P2pAttributes::default();
+    }
+    let (Ok(src), Ok(dst)) = (device_handle(device), device_handle(peer)) else {
+        return P2pAttributes::default();
+    };
+    let ask = |attribute: A| {
+        let mut value: std::ffi::c_int = 0;
+        // SAFETY: a valid out-pointer; the driver checks the devices and the attribute.
+        unsafe { driver::cuDeviceGetP2PAttribute(&mut value, attribute, src, dst) }.ok().map(|()| value)
+    };
+    P2pAttributes {
+        access: ask(A::CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED).map(|v| v != 0),
+        native_atomics: ask(A::CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED).map(|v| v != 0),
+        perf_rank: ask(A::CU_DEVICE_P2P_ATTRIBUTE_PERFORMANCE_RANK),
+    }
+}
+
+/// `cuDriverGetVersion`: the CUDA version the driver supports, 1000 * major + 10 * minor.
+pub fn driver_version() -> Result<i32> {
+    driver()?;
+    let mut version = 0;
+    // SAFETY: a valid out-pointer.
+    unsafe { driver::cuDriverGetVersion(&mut version) }?;
+    Ok(version)
+}
+
+/// The product name of `device` ("NVIDIA H200").
+pub fn device_name(device: i32) -> Result<String> {
+    driver()?;
+    let dev = device_handle(device)?;
+    let mut name = [0 as std::ffi::c_char; 256];
+    // SAFETY: the driver writes at most `name.len()` bytes, NUL-terminated.
+    unsafe { driver::cuDeviceGetName(name.as_mut_ptr(), name.len() as std::ffi::c_int, dev) }?;
+    Ok(c_string(&name))
+}
+
+/// The PCI bus id of `device`, `domain:bus:device.function` in lower case ("0000:17:00.0").
+pub fn pci_bus_id(device: i32) -> Result<String> {
+    driver()?;
+    let dev = device_handle(device)?;
+    let mut id = [0 as std::ffi::c_char; 64];
+    // SAFETY: the driver writes at most `id.len()` bytes, NUL-terminated.
+    unsafe { driver::cuDeviceGetPCIBusId(id.as_mut_ptr(), id.len() as std::ffi::c_int, dev) }?;
+    Ok(c_string(&id).to_ascii_lowercase())
+}
+
+/// The text of a NUL-terminated C string in `buffer` (all of it when there is no NUL).
+fn c_string(buffer: &[std::ffi::c_char]) -> String {
+    let bytes: Vec<u8> = buffer.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
 /// The driver's handle of device ordinal `device`.
 fn device_handle(device: i32) -> Result<sys::CUdevice> {
     let mut dev: sys::CUdevice = 0;

@@ -29,9 +29,12 @@ pub(crate) struct Settings {
     /// The largest message the workspaces take (`EDGELLM_ALLREDUCE_WORKSPACE_BYTES`, else the
     /// rule): it decides which calls fit the custom kernels.
     pub max_bytes: u64,
-    /// AUTO's tables (`crate::launch::strategy`), hashed: two builds that choose differently for a size
-    /// never pair their kernels.
+    /// AUTO's tables (`crate::launch::strategy`'s built-in ones with the tuning file's folded in),
+    /// hashed: two ranks that choose differently for a size never pair their kernels.
     pub tables: u64,
+    /// The tuning file's fingerprint alone (`crate::launch::tuning`; 0: none), to name it when the
+    /// tables differ because of it.
+    pub tuning: u64,
 }
 
 const STRATEGIES: [Requested; 5] = [Requested::Nccl, Requested::OneShot, Requested::TwoShot, Requested::Lamport, Requested::Auto];
@@ -40,7 +43,8 @@ impl Settings {
     /// This process's settings for a communicator of `nranks`.
     pub(crate) fn local(nranks: i32) -> Settings {
         let strategy = crate::config().strategy.and_then(|s| STRATEGIES.iter().position(|&k| k == s)).map_or(0, |i| i as u32 + 1);
-        Settings { strategy, max_bytes: group::max_message_bytes(nranks), tables: tables_fingerprint() }
+        let tuning = crate::launch::tuning::active_fingerprint();
+        Settings { strategy, max_bytes: group::max_message_bytes(nranks), tables: tables_fingerprint(tuning), tuning }
     }
 
     fn strategy_name(&self) -> String {
@@ -51,10 +55,23 @@ impl Settings {
     }
 }
 
-/// FNV-1a of AUTO's tables as the build spells them.
-fn tables_fingerprint() -> u64 {
-    let text = format!("{:?}{:?}", crate::launch::strategy::AUTO_TABLE, crate::launch::strategy::FUSED_AUTO_TABLE);
-    text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, c| (h ^ c as u64).wrapping_mul(0x100_0000_01b3))
+/// The fingerprint of every table AUTO may read: the build's ([`crate::launch::strategy::builtin_fingerprint`])
+/// with the tuning file's (`tuning`, 0 for none) folded in.
+fn tables_fingerprint(tuning: u64) -> u64 {
+    let builtin = crate::launch::strategy::builtin_fingerprint();
+    if tuning == 0 {
+        return builtin;
+    }
+    crate::launch::tuning::fnv1a(&[builtin.to_le_bytes(), tuning.to_le_bytes()].concat())
+}
+
+/// A tuning fingerprint in the log.
+fn tuning_name(fingerprint: u64) -> String {
+    if fingerprint == 0 {
+        "none".to_owned()
+    } else {
+        format!("{fingerprint:016x}")
+    }
 }
 
 /// What each rank contributes to the exchange (a fixed little-endian record).
@@ -88,6 +105,7 @@ impl Record {
         b[96..100].copy_from_slice(&self.max_blocks.to_le_bytes());
         b[100..104].copy_from_slice(&self.settings.strategy.to_le_bytes());
         b[104..112].copy_from_slice(&self.settings.tables.to_le_bytes());
+        b[112..120].copy_from_slice(&self.settings.tuning.to_le_bytes());
         b
     }
     fn decode(b: &[u8]) -> Option<Record> {
@@ -100,7 +118,7 @@ impl Record {
             host: u64_at(24),
             handle: b[32..96].try_into().unwrap(),
             max_blocks: u32_at(96),
-            settings: Settings { strategy: u32_at(100), max_bytes: u64_at(16), tables: u64_at(104) },
+            settings: Settings { strategy: u32_at(100), max_bytes: u64_at(16), tables: u64_at(104), tuning: u64_at(112) },
         })
     }
 }
@@ -126,6 +144,12 @@ fn agree(records: &[Option<Record>], nranks: i32) -> std::result::Result<u32, St
             format!(
                 "the workspace takes messages up to {} bytes on rank {r}, {} on rank 0 (EDGELLM_ALLREDUCE_WORKSPACE_BYTES)",
                 s.max_bytes, s0.max_bytes
+            )
+        } else if s.tables != s0.tables && s.tuning != s0.tuning {
+            format!(
+                "rank {r} chooses kernels by other AUTO tables than rank 0: their tuning files differ (tables {} on rank {r}, {} on rank 0; EDGELLM_ALLREDUCE_TUNING, else edgellm-allreduce-tuning.txt beside the library)",
+                tuning_name(s.tuning),
+                tuning_name(s0.tuning)
             )
         } else if s.tables != s0.tables {
             format!("rank {r} chooses kernels by other AUTO tables than rank 0 (another build of the library)")
@@ -223,7 +247,7 @@ pub(crate) fn exchange(device: i32, registration: &Registration, info: CommInfo,
 mod tests {
     use super::*;
 
-    const SETTINGS: Settings = Settings { strategy: 0, max_bytes: 16_000_000, tables: 0x1234 };
+    const SETTINGS: Settings = Settings { strategy: 0, max_bytes: 16_000_000, tables: 0x1234, tuning: 0 };
 
     fn record(rank: i32) -> Record {
         Record { ok: true, nranks: 2, rank, host: host_id(), handle: [rank as u8; 64], max_blocks: 128 - rank as u32, settings: SETTINGS }
@@ -236,6 +260,7 @@ mod tests {
     fn exchange_records_round_trip() {
         let mut r = record(1);
         r.settings.strategy = 4;
+        r.settings.tuning = 0xfeed_beef_0000_0001;
         assert_eq!(round_trip(&r), Some(r));
         assert_eq!(r.encode().len(), 256, "the record's size never changes");
         assert!(Record::decode(&[0u8; RECORD_BYTES]).is_none(), "no magic, no record");
@@ -267,7 +292,14 @@ mod tests {
             (verdict(&|r| r.settings.max_bytes = 8_000_000), "up to 8000000 bytes on rank 1, 16000000 on rank 0"),
             (verdict(&|r| r.settings.strategy = 1), "EDGELLM_ALLREDUCE_STRATEGY is NCCL on rank 1, unset on rank 0"),
             (verdict(&|r| r.settings.strategy = 4), "is LAMPORT on rank 1"),
-            (verdict(&|r| r.settings.tables ^= 1), "other AUTO tables"),
+            (verdict(&|r| r.settings.tables ^= 1), "other AUTO tables than rank 0 (another build of the library)"),
+            (
+                verdict(&|r| {
+                    r.settings.tuning = 0xabcd;
+                    r.settings.tables = tables_fingerprint(0xabcd);
+                }),
+                "their tuning files differ (tables 000000000000abcd on rank 1, none on rank 0; EDGELLM_ALLREDUCE_TUNING",
+            ),
             (verdict(&|r| r.rank = 0), "rank 1 reports rank 0 of 2"),
             (verdict(&|r| r.nranks = 4), "rank 1 reports rank 1 of 4"),
             (verdict(&|r| r.max_blocks = 0), "grid cap of 0"),
@@ -288,7 +320,11 @@ mod tests {
     fn the_local_settings_name_every_knob_that_changes_the_path() {
         let s = Settings::local(2);
         assert_eq!(s.max_bytes, group::max_message_bytes(2));
-        assert_eq!(s.tables, tables_fingerprint(), "a pure function of the build");
+        assert_eq!(s.tables, tables_fingerprint(s.tuning), "a pure function of the build and the tuning file");
+        assert_eq!(s.tuning, 0, "no tuning file in the tests' environment");
+        assert_eq!(tables_fingerprint(0), crate::launch::strategy::builtin_fingerprint());
+        assert_ne!(tables_fingerprint(1), tables_fingerprint(0), "a tuning file changes the tables");
+        assert_ne!(tables_fingerprint(1), tables_fingerprint(2));
         assert_ne!(s.tables, 0);
         assert_eq!(Settings { strategy: 5, ..s }.strategy_name(), "AUTO");
         assert_eq!(Settings { strategy: 0, ..s }.strategy_name(), "unset");

@@ -30,6 +30,9 @@ fn custom_disabled() -> bool {
 /// it with edgellmAllReduceSetupWorkspaces: a collective). Logs why when no group forms.
 pub(crate) fn on_register(device: i32, registration: Registration, explicit: bool) {
     forget(device);
+    // The tuning file is read (and any warning about it given) now, at setup, rather than at the
+    // first enqueue.
+    let _ = crate::launch::tuning::active();
     let Some(info) = communicator::describe(&registration) else {
         crate::log::info(&format!(
             "device {device}: the registered function is not a loaded NCCL's ncclAllReduce; the NCCL path only"

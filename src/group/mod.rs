@@ -32,6 +32,7 @@ use crate::error::{Error, Result};
 use crate::launch::contract::{EAR_FAULT_RELEASED, EAR_MAX_BLOCKS, EAR_MAX_RANKS};
 use crate::launch::family::{self, RANK_COUNTS};
 use crate::launch::kernels::DeviceKernels;
+use crate::link::LinkClass;
 use fault::Fault;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -117,6 +118,10 @@ pub struct Group {
     /// device, or links that do it natively: [`cuda::p2p_exchange_128`]), as the pointer exchange
     /// of inputs read in place needs (`crate::launch`).
     pub(crate) links_exchange: bool,
+    /// The class of the links between its devices when they are not all one device
+    /// (`Fits::link_class`): AUTO's tables follow it. NVLink until group formation measures it
+    /// (`crate::link::pair_facts`, issue 29).
+    pub(crate) links: LinkClass,
 }
 
 impl Group {
@@ -151,6 +156,7 @@ impl Group {
             imported: Vec::new(),
             peer_ws: [DevicePtr::NULL; EAR_MAX_RANKS],
             links_exchange: false,
+            links: LinkClass::NvLink,
         })
     }
 

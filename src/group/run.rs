@@ -12,6 +12,7 @@ use crate::launch::kernels::DeviceKernels;
 use crate::launch::plan::{self, Plan};
 use crate::launch::strategy::{self, Call, Decision, Fallback, Path, Requested};
 use crate::launch::{Fits, FusedCall, Message};
+use crate::link::LinkClass;
 use crate::nccl::{self, Registration};
 use crate::tensor::DataType;
 use std::sync::Arc;
@@ -122,9 +123,12 @@ impl Fits for Group {
     fn nranks(&self) -> i32 {
         self.nranks
     }
-    fn one_device(&self) -> bool {
-        let device = self.members.first().and_then(Option::as_ref).map(|m| m.device);
-        device.is_some() && self.members.iter().all(|m| m.as_ref().map(|m| m.device) == device)
+    fn link_class(&self) -> LinkClass {
+        if self.one_device() {
+            LinkClass::SameDevice
+        } else {
+            self.links
+        }
     }
     fn serves(&self, family: Family, dtype: DataType, message: &Message) -> bool {
         let fits = match message.rows {
@@ -136,6 +140,13 @@ impl Fits for Group {
 }
 
 impl Group {
+    /// Whether every rank is on one device (simulated ranks): then that device's memory, not
+    /// the links between GPUs, carries every byte.
+    fn one_device(&self) -> bool {
+        let device = self.members.first().and_then(Option::as_ref).map(|m| m.device);
+        device.is_some() && self.members.iter().all(|m| m.as_ref().map(|m| m.device) == device)
+    }
+
     /// Whether `family` has a plain all-reduce kernel for this group and `dtype`, and takes `bytes`.
     pub fn serves_bytes(&self, family: Family, dtype: DataType, bytes: u64) -> bool {
         self.serves(family, dtype, &Message { bytes, rows: None })

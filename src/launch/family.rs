@@ -58,6 +58,20 @@ impl Family {
         }
     }
 
+    /// Whether the family's kernel for `op` among `nranks` moves its data by writing into its
+    /// peers' memory rather than reading from it: Lamport (both ops), the 2-rank two-shot
+    /// (`twoshot_polled`: scatter and gather are pushes) and the fused two-shot (it pushes its
+    /// slices and its residual_out, twoshot_norm.cu). The one-shot and the 4+ rank two-shot pull.
+    /// Over PCIe, writes into peers can run at a fraction of reads (`crate::launch::strategy`'s PCIe model).
+    pub fn writes_into_peers(self, op: Op, nranks: i32) -> bool {
+        match (self, op) {
+            (Family::Lamport, _) => true,
+            (Family::TwoShot, Op::ResidualRmsNorm) => true,
+            (Family::TwoShot, Op::AllReduce) => nranks <= 2,
+            (Family::OneShot, _) => false,
+        }
+    }
+
     /// Largest plain message of this family in a workspace of `max_msg_bytes`.
     pub fn max_bytes(self, max_msg_bytes: u64) -> u64 {
         match self {
@@ -166,6 +180,20 @@ mod tests {
         assert_eq!(kernel_name(Family::TwoShot, Op::AllReduce, DataType::Float, 2), "ear_twoshot_polled_f32_n2");
         assert_eq!(kernel_name(Family::TwoShot, Op::AllReduce, DataType::Float, 16), "ear_twoshot_barrier_f32_n16");
         assert_eq!(norm_kernel_name(DataType::Float), "ear_residual_rmsnorm_f32");
+    }
+
+    #[test]
+    fn which_kernels_push_into_peers() {
+        // The stems say it: "polled" and "lamport" push, "barrier" pulls, except the fused
+        // two-shot, which pushes slices between its barriers.
+        for n in crate::launch::family::RANK_COUNTS {
+            assert!(Family::Lamport.writes_into_peers(Op::AllReduce, n));
+            assert!(Family::Lamport.writes_into_peers(Op::ResidualRmsNorm, n));
+            assert!(!Family::OneShot.writes_into_peers(Op::AllReduce, n));
+            assert!(!Family::OneShot.writes_into_peers(Op::ResidualRmsNorm, n));
+            assert!(Family::TwoShot.writes_into_peers(Op::ResidualRmsNorm, n));
+            assert_eq!(Family::TwoShot.writes_into_peers(Op::AllReduce, n), Family::TwoShot.stem(Op::AllReduce, n) == "twoshot_polled");
+        }
     }
 
     #[test]

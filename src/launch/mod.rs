@@ -9,10 +9,12 @@ pub(crate) mod kernel_images;
 pub(crate) mod kernels;
 pub(crate) mod plan;
 pub(crate) mod strategy;
+pub mod tuning;
 
 use crate::cuda::DevicePtr;
 use contract::{EarAllReduceParams, EarFusedParams};
 use family::Family;
+use crate::link::LinkClass;
 use crate::tensor::DataType;
 
 /// A message as the kernels see it: its bytes, and for the fused op its rows.
@@ -29,10 +31,10 @@ pub trait Fits {
     fn nranks(&self) -> i32;
     /// Whether `family` has a kernel for this group, `dtype` and the message's op, and takes it.
     fn serves(&self, family: Family, dtype: DataType, message: &Message) -> bool;
-    /// Whether every rank is on one device (simulated ranks): then that device's memory, not
-    /// the links between GPUs, carries every byte (AUTO's tables differ: [`strategy`]).
-    fn one_device(&self) -> bool {
-        false
+    /// What carries the bytes between the ranks (`crate::group::link`): AUTO keeps a table per
+    /// class ([`strategy`]). NVLink unless said otherwise (the tables measured first).
+    fn link_class(&self) -> LinkClass {
+        LinkClass::NvLink
     }
 }
 

@@ -5,24 +5,30 @@
 //! the message size, the group's rank count, workspace and devices (separate GPUs, or all on
 //! one), and the tensor alignment (TensorRT lays out the same engine identically on every rank).
 //!
-//! AUTO picks from [`AUTO_TABLE`] (ranks on separate GPUs) or [`ONE_DEVICE_AUTO_TABLE`] (all on
-//! one device: simulated ranks, where memory instead of the links carries the bytes), by rank
-//! count and message size; a family that cannot serve a call (message over its workspace,
-//! unaligned tensors, no group) falls back to the next larger family, then to NCCL. A forced
-//! strategy that cannot run falls back to NCCL.
+//! AUTO picks by the group's links ([`Fits::link_class`]: one set of [`AutoTables`] per
+//! [`LinkClass`]), rank count and message size: [`NVLINK_TABLES`] (measured on 2 x H200),
+//! [`PCIE_TABLES`] (from a model: families that read from peers, NCCL for large messages),
+//! [`SAME_DEVICE_TABLES`] (simulated ranks, where memory instead of the links carries the
+//! bytes), NCCL when there is no peer access; a tuning file measured on this machine
+//! (`crate::launch::tuning`) takes the place of the built-in tables of its link class. A family that
+//! cannot serve a call (message over its workspace, unaligned tensors, no group) falls back to
+//! the next larger family (on PCIe never to one that writes into its peers), then to NCCL. A
+//! forced strategy that cannot run falls back to NCCL.
 
 pub use crate::config::Requested;
-use crate::launch::family::Family;
+use crate::launch::family::{Family, Op};
 use crate::launch::{Fits, Message};
+use crate::link::LinkClass;
 use crate::tensor::DataType;
+use crate::launch::tuning::Tuning;
 
 /// Rows (first whose rank bound is >= the group's ranks) of entries (first whose byte bound is
 /// >= the message's bytes).
 pub(crate) type RankTable<T> = &'static [(i32, &'static [(u64, T)])];
 
 /// AUTO's choice by rank count (first row whose bound is >= the group's ranks) and message size
-/// (first entry whose bound is >= the bytes); `None` is NCCL. For ranks on separate GPUs;
-/// [`ONE_DEVICE_AUTO_TABLE`] when all share one device.
+/// (first entry whose bound is >= the bytes); `None` is NCCL. For ranks on separate GPUs joined
+/// by NVLink; [`PCIE_AUTO_TABLE`] over PCIe, [`ONE_DEVICE_AUTO_TABLE`] when all share one device.
 ///
 /// 2 ranks: measured on 2 x H200 (NV18), bf16, graph replay, 128 CTAs (docs/PERFORMANCE.md,
 /// docs/runs/2026-11-30-2xh200-s2-final-real_g20.txt): Lamport is the fastest family up to
@@ -49,7 +55,7 @@ pub(crate) const AUTO_TABLE: RankTable<Option<Family>> = &[
     ),
 ];
 
-/// AUTO's table when every rank is on one device ([`Fits::one_device`]: simulated ranks). There
+/// AUTO's table when every rank is on one device ([`LinkClass::SameDevice`]: simulated ranks). There
 /// one GPU's memory carries every byte of every rank, the local copy into the workspace
 /// included, and a one-shot's N reads of each line are mostly one (the ranks read it from L2
 /// together), so the one-shot moves about 4*S per rank when it copies its input and about 2*S
@@ -79,7 +85,7 @@ pub(crate) const ONE_DEVICE_AUTO_TABLE: RankTable<Option<Family>> = &[
 
 /// How AUTO runs the fused all-reduce + residual + RMSNorm at a size.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum FusedChoice {
+pub enum FusedChoice {
     /// The family's fused kernel.
     Fused(Family),
     /// The family's plain all-reduce, then the separate residual + RMSNorm kernel: faster once
@@ -192,27 +198,165 @@ pub(crate) const ONE_DEVICE_FUSED_AUTO_TABLE_WIDE: RankTable<FusedChoice> = &[
 ];
 
 /// The widest row (hidden size, elements) of the one-device fused tables' narrow class.
-pub(crate) const NARROW_ROW: u32 = 4096;
+pub const NARROW_ROW: u32 = 4096;
+
+/// AUTO's table over PCIe peer-to-peer (no NVLink), by the same keys as [`AUTO_TABLE`]. Not
+/// measured yet (no PCIe machine here): written from a model, for `edgellm-allreduce-bench tune`
+/// to replace on the machine itself (`crate::launch::tuning`).
+///
+/// The model. A PCIe x16 link carries ~25 GB/s per direction at Gen4 and ~50 at Gen5 (32 and
+/// 64 raw; 25 GB/s measured at Gen4, ZaidQureshi/bam#54; <= 28.4 after TLP headers,
+/// ai-dynamo/aiconfigurator#1301), and a hop costs ~1-2 us (a GPU-driven PCIe round trip
+/// measured ~2 us, aiconfigurator#1301). NCCL's ring moves 2(N-1)/N x S per rank at about the bus bandwidth
+/// but pays ~20-45 us at small sizes (36 us at TP16, local-inference-lab/b12x#139; 45 us at 4 KB
+/// on 8 x RTX 6000D, sgl-project/sglang#32479). Three rules follow.
+///
+/// 1. Read from peers, do not write into them. A one-shot pulls (N-1) x S (its peers' staged
+///    inputs) and the 4+ rank two-shot pulls 2(N-1)/N x S; Lamport pushes (N-1) x S into every
+///    peer, and so does the 2-rank two-shot (`twoshot_polled`: scatter and gather are pushes,
+///    kernels/twoshot.cu), and the fused two-shot at every rank count (kernels/twoshot_norm.cu).
+///    On a 16-GPU RTX PRO 6000 fabric peer reads ran at ~52 GB/s and peer writes at 2.6
+///    (b12x#139, hence b12x pulls in every phase). So the 2-rank two-shot and the fused two-shot
+///    are never chosen (the split path's plain 4+ rank two-shot pulls), and AUTO's fallback
+///    never moves to a family that pushes ([`Family::writes_into_peers`]).
+/// 2. Lamport only while the message is latency-bound: (N-1) x S <= 16 KiB of pushes per rank,
+///    i.e. 16 KiB at 2 ranks, 4 KiB at 4, 2 KiB at 6 and 8, 1 KiB at 16. There the bytes take
+///    <= 0.7 us at 25 GB/s, below one hop, and Lamport saves the one-shot's flag round trip
+///    (2-4 us); on the slow-write fabric above, 16 KiB of writes take 6.3 us, so the worst case
+///    loses about one round trip, not tens of us. (A decode step's 1 x 4096-8192 bf16 row, 8-16
+///    KiB, stays on Lamport at 2 ranks.)
+/// 3. One-shot to the two-shot crossover, then the two-shot, then NCCL above 1 MiB. The one-shot
+///    pulls (N-1)(N-2)/N x S more than the two-shot, which pays one more round trip (~3 us): at
+///    25 GB/s they cross at ~50 KB at 4 ranks, ~14 KB at 8, ~6 KB at 16 (64, 16, 8 KiB taken;
+///    vLLM's NVLink crossovers, 512 and 256 KB at ~360 GB/s, scale to ~35 and ~18 KB). The pulling
+///    two-shot moves the ring's bytes, so its gain over NCCL is fixed cost (~15-35 us); at 1 MiB
+///    the transfer itself takes 31-63 us at 4 ranks (Gen5 to Gen4), and above it the gain is
+///    smaller than what the model leaves out: all-to-all reads from N ranks share root ports
+///    and the CPU link where a ring's neighbour-to-neighbour traffic does not, and a kernel's
+///    sustained peer-read rate is unmeasured here. At 2 ranks the one-shot moves the ring's
+///    bytes (S) too; the same 1 MiB bound keeps it where its latency gain is most of the time.
+///    (Where NCCL itself is slow, e.g. without P2P, 344 us at 64 KB in sglang#32479, a tuned
+///    file moves these bounds up.)
+pub const PCIE_AUTO_TABLE: RankTable<Option<Family>> = &[
+    (
+        2,
+        &[(16 << 10, Some(Family::Lamport)), (1 << 20, Some(Family::OneShot)), (u64::MAX, None)],
+    ),
+    (
+        4,
+        &[(4 << 10, Some(Family::Lamport)), (64 << 10, Some(Family::OneShot)), (1 << 20, Some(Family::TwoShot)), (u64::MAX, None)],
+    ),
+    (
+        8,
+        &[(2 << 10, Some(Family::Lamport)), (16 << 10, Some(Family::OneShot)), (1 << 20, Some(Family::TwoShot)), (u64::MAX, None)],
+    ),
+    (
+        16,
+        &[(1 << 10, Some(Family::Lamport)), (8 << 10, Some(Family::OneShot)), (1 << 20, Some(Family::TwoShot)), (u64::MAX, None)],
+    ),
+];
+
+/// AUTO's fused table over PCIe, from [`PCIE_AUTO_TABLE`]'s model: the fused Lamport (it pushes)
+/// within the same bounds, the fused one-shot (it pulls) to the same crossover, then at 4+ ranks
+/// the split path with the plain two-shot (which pulls, where the fused two-shot pushes), NCCL
+/// and the norm kernel above 1 MiB. Rows of every width alike (nothing measured says otherwise).
+pub const PCIE_FUSED_AUTO_TABLE: RankTable<FusedChoice> = &[
+    (
+        2,
+        &[
+            (16 << 10, FusedChoice::Fused(Family::Lamport)),
+            (1 << 20, FusedChoice::Fused(Family::OneShot)),
+            (u64::MAX, FusedChoice::Nccl),
+        ],
+    ),
+    (
+        4,
+        &[
+            (4 << 10, FusedChoice::Fused(Family::Lamport)),
+            (64 << 10, FusedChoice::Fused(Family::OneShot)),
+            (1 << 20, FusedChoice::Split(Family::TwoShot)),
+            (u64::MAX, FusedChoice::Nccl),
+        ],
+    ),
+    (
+        8,
+        &[
+            (2 << 10, FusedChoice::Fused(Family::Lamport)),
+            (16 << 10, FusedChoice::Fused(Family::OneShot)),
+            (1 << 20, FusedChoice::Split(Family::TwoShot)),
+            (u64::MAX, FusedChoice::Nccl),
+        ],
+    ),
+    (
+        16,
+        &[
+            (1 << 10, FusedChoice::Fused(Family::Lamport)),
+            (8 << 10, FusedChoice::Fused(Family::OneShot)),
+            (1 << 20, FusedChoice::Split(Family::TwoShot)),
+            (u64::MAX, FusedChoice::Nccl),
+        ],
+    ),
+];
+
+/// AUTO's tables for one link class: plain all-reduce, fused op, fused op with rows wider than
+/// [`NARROW_ROW`].
+#[derive(Clone, Copy, Debug)]
+pub struct AutoTables {
+    pub plain: RankTable<Option<Family>>,
+    pub fused: RankTable<FusedChoice>,
+    pub fused_wide: RankTable<FusedChoice>,
+}
+
+/// Ranks on GPUs joined by NVLink: measured on 2 x H200 (one fused table for every width).
+pub const NVLINK_TABLES: AutoTables = AutoTables { plain: AUTO_TABLE, fused: FUSED_AUTO_TABLE, fused_wide: FUSED_AUTO_TABLE };
+/// Ranks over PCIe: the model of [`PCIE_AUTO_TABLE`].
+pub const PCIE_TABLES: AutoTables = AutoTables { plain: PCIE_AUTO_TABLE, fused: PCIE_FUSED_AUTO_TABLE, fused_wide: PCIE_FUSED_AUTO_TABLE };
+/// Every rank on one device: measured on one H200 with simulated ranks.
+pub const SAME_DEVICE_TABLES: AutoTables =
+    AutoTables { plain: ONE_DEVICE_AUTO_TABLE, fused: ONE_DEVICE_FUSED_AUTO_TABLE, fused_wide: ONE_DEVICE_FUSED_AUTO_TABLE_WIDE };
+
+/// The built-in tables of a link class; None where there are none (no peer access: NCCL).
+pub fn builtin_tables(class: LinkClass) -> Option<&'static AutoTables> {
+    match class {
+        LinkClass::SameDevice => Some(&SAME_DEVICE_TABLES),
+        LinkClass::NvLink => Some(&NVLINK_TABLES),
+        LinkClass::Pcie => Some(&PCIE_TABLES),
+        LinkClass::NoPeer => None,
+    }
+}
+
+/// FNV-1a of every built-in table as the build spells them (each class's, in
+/// [`LinkClass::ALL`] order): two builds that choose differently for a size never pair their
+/// kernels (`crate::group::exchange`).
+pub fn builtin_fingerprint() -> u64 {
+    crate::launch::tuning::fnv1a(builtin_text().as_bytes())
+}
+
+/// Every built-in table, spelled out (what [`builtin_fingerprint`] hashes).
+fn builtin_text() -> String {
+    let tables: Vec<_> = LinkClass::ALL.into_iter().map(|c| (c, builtin_tables(c).copied())).collect();
+    format!("{tables:?}")
+}
 
 fn row_of<T: Copy>(table: RankTable<T>, nranks: i32, bytes: u64) -> Option<T> {
     let row = table.iter().find(|(n, _)| nranks <= *n).unwrap_or(&table[table.len() - 1]).1;
     row.iter().find(|(b, _)| bytes <= *b).map(|(_, c)| *c)
 }
 
-/// AUTO's choice for a call, as a fused choice (a plain all-reduce is never split); `one_device`:
-/// every rank on one device (the tables measured so).
-fn auto_choice(nranks: i32, message: &Message, one_device: bool) -> FusedChoice {
+/// AUTO's choice for a call, as a fused choice (a plain all-reduce is never split): from
+/// `tuned` when it was measured on links of `class` and covers the call, else from the built-in
+/// tables of `class`.
+fn auto_choice(nranks: i32, dtype: DataType, message: &Message, class: LinkClass, tuned: Option<&Tuning>) -> FusedChoice {
+    if let Some(choice) = tuned.and_then(|t| t.choice(class, nranks, dtype, message)) {
+        return choice;
+    }
+    let Some(tables) = builtin_tables(class) else { return FusedChoice::Nccl };
     if message.rows.is_some() {
         let wide = message.rows.is_some_and(|(_, hidden)| hidden > NARROW_ROW);
-        let table = match (one_device, wide) {
-            (false, _) => FUSED_AUTO_TABLE,
-            (true, false) => ONE_DEVICE_FUSED_AUTO_TABLE,
-            (true, true) => ONE_DEVICE_FUSED_AUTO_TABLE_WIDE,
-        };
+        let table = if wide { tables.fused_wide } else { tables.fused };
         row_of(table, nranks, message.bytes).unwrap_or(FusedChoice::Nccl)
     } else {
-        let table = if one_device { ONE_DEVICE_AUTO_TABLE } else { AUTO_TABLE };
-        match row_of(table, nranks, message.bytes).flatten() {
+        match row_of(tables.plain, nranks, message.bytes).flatten() {
             Some(f) => FusedChoice::Fused(f),
             None => FusedChoice::Nccl,
         }
@@ -276,8 +420,14 @@ pub struct Decision {
     pub requested: Requested,
 }
 
-/// The path of `call` on a device whose group (if any) is `group`.
+/// The path of `call` on a device whose group (if any) is `group`; AUTO with the tuning file's
+/// tables where one is loaded ([`crate::launch::tuning::active`]).
 pub fn choose(requested: Requested, call: &Call, group: Option<&dyn Fits>) -> Decision {
+    choose_tuned(requested, call, group, crate::launch::tuning::active())
+}
+
+/// [`choose`] with `tuned` as the tuning file (None: the built-in tables).
+pub(crate) fn choose_tuned(requested: Requested, call: &Call, group: Option<&dyn Fits>, tuned: Option<&Tuning>) -> Decision {
     let decide = |path, fallback| Decision { path, fallback, requested };
     if call.tp_size <= 1 {
         return decide(Path::Copy, None);
@@ -290,6 +440,10 @@ pub fn choose(requested: Requested, call: &Call, group: Option<&dyn Fits>) -> De
         Requested::Auto => &[Family::Lamport, Family::OneShot, Family::TwoShot],
     };
     let Some(group) = group else { return decide(Path::Nccl, Some(Fallback::NoWorkspace)) };
+    let class = group.link_class();
+    if class == LinkClass::NoPeer {
+        return decide(Path::Nccl, Some(Fallback::NoWorkspace));
+    }
     if group.nranks() != call.tp_size {
         return decide(Path::Nccl, Some(Fallback::RankMismatch));
     }
@@ -297,15 +451,22 @@ pub fn choose(requested: Requested, call: &Call, group: Option<&dyn Fits>) -> De
         return decide(Path::Nccl, Some(Fallback::Unaligned));
     }
     // The families to try, smallest first from the one asked for, and how they run.
-    let (first, split) = match (requested, auto_choice(group.nranks(), &call.message, group.one_device())) {
-        (Requested::Auto, FusedChoice::Nccl) => return decide(Path::Nccl, None),
-        (Requested::Auto, FusedChoice::Fused(f)) => (f, false),
-        (Requested::Auto, FusedChoice::Split(f)) => (f, true),
+    let (first, split) = match requested {
+        Requested::Auto => match auto_choice(group.nranks(), call.dtype, &call.message, class, tuned) {
+            FusedChoice::Nccl => return decide(Path::Nccl, None),
+            FusedChoice::Fused(f) => (f, false),
+            FusedChoice::Split(f) => (f, true),
+        },
         _ => (families[0], false),
     };
     let plain = Message { rows: None, ..call.message };
+    let message = if split { &plain } else { &call.message };
+    let op = if message.rows.is_some() { Op::ResidualRmsNorm } else { Op::AllReduce };
+    // AUTO's fallback over PCIe never moves to a family that writes into its peers (the PCIe
+    // model, PCIE_AUTO_TABLE): only the table's own choice may.
+    let allowed = |f: Family| f == first || requested != Requested::Auto || class != LinkClass::Pcie || !f.writes_into_peers(op, group.nranks());
     let start = families.iter().position(|f| *f == first).unwrap_or(0);
-    let served = families[start..].iter().find(|f| group.serves(**f, call.dtype, if split { &plain } else { &call.message }));
+    let served = families[start..].iter().find(|f| allowed(**f) && group.serves(**f, call.dtype, message));
     match served {
         Some(f) if split => decide(Path::Split(*f), None),
         Some(f) => decide(Path::Custom(*f), None),
@@ -364,18 +525,23 @@ mod tests {
         assert_eq!(d.fallback, None, "NCCL above the workspace is AUTO's choice, not a fallback");
     }
 
-    /// The same group with every rank on one device (simulated ranks).
-    struct OneDevice(Fake);
-    impl Fits for OneDevice {
+    /// A group over links of a given class.
+    struct On<F: Fits>(F, LinkClass);
+    impl<F: Fits> Fits for On<F> {
         fn nranks(&self) -> i32 {
-            self.0.nranks
+            self.0.nranks()
         }
         fn serves(&self, family: Family, dtype: DataType, m: &Message) -> bool {
             self.0.serves(family, dtype, m)
         }
-        fn one_device(&self) -> bool {
-            true
+        fn link_class(&self) -> LinkClass {
+            self.1
         }
+    }
+    /// The same group with every rank on one device (simulated ranks).
+    #[allow(non_snake_case)]
+    fn OneDevice(g: Fake) -> On<Fake> {
+        On(g, LinkClass::SameDevice)
     }
 
     #[test]
@@ -461,5 +627,164 @@ mod tests {
             assert_eq!(decision.fallback, Some(reason));
         }
         assert_eq!(choose(Requested::Nccl, &call(2, 1024), Some(&GROUP2)).path, Path::Nccl);
+    }
+
+    /// A group whose kernels take only `families` (any size).
+    struct Only(i32, &'static [Family]);
+    impl Fits for Only {
+        fn nranks(&self) -> i32 {
+            self.0
+        }
+        fn serves(&self, family: Family, _: DataType, _: &Message) -> bool {
+            self.1.contains(&family)
+        }
+    }
+
+    fn fused_call(tp: i32, tokens: u64, hidden: u32) -> Call {
+        Call { tp_size: tp, dtype: DataType::Bf16, message: Message { bytes: tokens * hidden as u64 * 2, rows: Some((tokens, hidden)) }, aligned: true }
+    }
+
+    #[test]
+    fn over_pcie_auto_reads_from_peers_and_leaves_large_messages_to_nccl() {
+        // The bounds of PCIE_AUTO_TABLE's model: pushes of (N-1) x S <= 16 KiB per rank, NCCL
+        // above 1 MiB.
+        let lamport_ok = |n: i32, bytes: u64| (n as u64 - 1) * bytes <= 16 << 10;
+        // The table's bound: the largest power of two within it.
+        let lamport_bound = |n: i32| 1u64 << (((16u64 << 10) / (n as u64 - 1)).ilog2());
+        let mut sizes: Vec<u64> = (4..=28).map(|p| 1u64 << p).collect();
+        sizes.extend((4..=28).map(|p| (1u64 << p) + 16));
+        for n in crate::launch::family::RANK_COUNTS {
+            let g = On(Fake { nranks: n, max_bytes: 64 << 20 }, LinkClass::Pcie);
+            for &bytes in &sizes {
+                let plain = choose(Requested::Auto, &call(n, bytes), Some(&g)).path;
+                match plain {
+                    Path::Custom(Family::Lamport) => assert!(lamport_ok(n, bytes), "{n} ranks, {bytes} B: Lamport"),
+                    Path::Custom(Family::TwoShot) => assert!(n > 2, "{n} ranks, {bytes} B: the 2-rank two-shot pushes"),
+                    Path::Custom(Family::OneShot) => {}
+                    Path::Nccl => assert!(bytes > 1 << 20, "{n} ranks, {bytes} B: NCCL"),
+                    p => panic!("{p:?}"),
+                }
+                if bytes > 1 << 20 {
+                    assert_eq!(plain, Path::Nccl, "{n} ranks, {bytes} B");
+                }
+                if bytes <= lamport_bound(n) {
+                    assert_eq!(plain, Path::Custom(Family::Lamport), "{n} ranks, {bytes} B: latency-bound");
+                }
+            }
+            for hidden in [2048u32, 4096, 8192] {
+                for tokens in (0..=12).map(|p| 1u64 << p) {
+                    let c = fused_call(n, tokens, hidden);
+                    let bytes = c.message.bytes;
+                    match choose(Requested::Auto, &c, Some(&g)).path {
+                        Path::Custom(Family::Lamport) | Path::Split(Family::Lamport) => assert!(lamport_ok(n, bytes), "{n} ranks, {tokens}x{hidden}"),
+                        Path::Custom(Family::TwoShot) => panic!("{n} ranks, {tokens}x{hidden}: the fused two-shot pushes"),
+                        Path::Split(Family::TwoShot) => assert!(n > 2, "{n} ranks, {tokens}x{hidden}"),
+                        Path::Nccl => assert!(bytes > 1 << 20, "{n} ranks, {tokens}x{hidden}: NCCL"),
+                        _ => assert!(bytes <= 1 << 20),
+                    }
+                }
+            }
+        }
+        // The model's crossovers.
+        let at = |n: i32, bytes: u64| choose(Requested::Auto, &call(n, bytes), Some(&On(Fake { nranks: n, max_bytes: 64 << 20 }, LinkClass::Pcie))).path;
+        assert_eq!(at(2, 16 << 10), Path::Custom(Family::Lamport), "one decode row of 8192 bf16");
+        assert_eq!(at(2, 32 << 10), Path::Custom(Family::OneShot));
+        assert_eq!(at(2, 1 << 20), Path::Custom(Family::OneShot));
+        assert_eq!(at(4, 64 << 10), Path::Custom(Family::OneShot));
+        assert_eq!(at(4, 128 << 10), Path::Custom(Family::TwoShot), "the pulling two-shot at 4 ranks");
+        assert_eq!(at(6, 2 << 10), Path::Custom(Family::Lamport), "6 ranks: the 8-rank row");
+        assert_eq!(at(16, 2 << 10), Path::Custom(Family::OneShot));
+        assert_eq!(at(8, 2 << 20), Path::Nccl);
+    }
+
+    #[test]
+    fn over_pcie_the_fallback_never_moves_to_a_family_that_pushes() {
+        // The table says one-shot; a group that cannot run it moves on to the two-shot over
+        // NVLink, but over PCIe only where the two-shot pulls (4+ ranks, plain).
+        let no_oneshot: &[Family] = &[Family::TwoShot, Family::Lamport];
+        let path = |n: i32, c: &Call, class| choose(Requested::Auto, c, Some(&On(Only(n, no_oneshot), class))).path;
+        assert_eq!(path(2, &call(2, 64 << 10), LinkClass::Pcie), Path::Nccl);
+        assert_eq!(path(2, &call(2, 3 << 20), LinkClass::NvLink), Path::Custom(Family::TwoShot), "NVLink: unchanged");
+        assert_eq!(path(4, &call(4, 32 << 10), LinkClass::Pcie), Path::Custom(Family::TwoShot), "4 ranks: the two-shot pulls");
+        assert_eq!(path(4, &fused_call(4, 4, 4096), LinkClass::Pcie), Path::Nccl, "the fused two-shot pushes");
+        assert_eq!(path(4, &fused_call(4, 64, 4096), LinkClass::NvLink), Path::Custom(Family::TwoShot), "NVLink: the fused one-shot's fallback");
+        // A forced strategy is the user's to choose.
+        assert_eq!(choose(Requested::TwoShot, &call(2, 64 << 10), Some(&On(Only(2, no_oneshot), LinkClass::Pcie))).path, Path::Custom(Family::TwoShot));
+        assert_eq!(choose(Requested::Lamport, &call(2, 1 << 20), Some(&On(GROUP2, LinkClass::Pcie))).path, Path::Custom(Family::Lamport));
+    }
+
+    #[test]
+    fn without_peer_access_every_call_uses_nccl() {
+        let g = On(Fake { nranks: 2, max_bytes: 64 << 20 }, LinkClass::NoPeer);
+        for r in [Requested::Auto, Requested::OneShot, Requested::TwoShot, Requested::Lamport] {
+            for bytes in [1024, 1 << 20, 64 << 20] {
+                let d = choose(r, &call(2, bytes), Some(&g));
+                assert_eq!((d.path, d.fallback), (Path::Nccl, Some(Fallback::NoWorkspace)), "{r:?} {bytes}");
+            }
+            assert_eq!(choose(r, &fused_call(2, 1, 4096), Some(&g)).path, Path::Nccl);
+        }
+        assert!(builtin_tables(LinkClass::NoPeer).is_none());
+        assert_eq!(choose(Requested::Nccl, &call(1, 1024), Some(&g)).path, Path::Copy, "one rank still copies");
+    }
+
+    #[test]
+    fn tuned_tables_serve_the_links_they_were_measured_on() {
+        let machine = crate::launch::tuning::Machine { host: "h".into(), driver: "d".into(), gpus: vec![crate::launch::tuning::Gpu { bus_id: "0000:01:00.0".into(), name: "GPU".into() }] };
+        let text = |links: &str| {
+            format!(
+                "edgellm-allreduce tuning v1\nmachine: {}\ndriver: {}\ngpu: 0000:01:00.0 GPU\nlinks: {links}\nlibrary: {}\n\
+                 plain ranks=2 dtype=any upto=4096 oneshot\nplain ranks=2 dtype=any upto=max twoshot\n\
+                 fused ranks=2 dtype=bf16 rows=any upto=max split:oneshot\nend rows=3\n",
+                machine.host,
+                machine.driver,
+                crate::launch::tuning::library_id()
+            )
+        };
+        let pcie = Tuning::parse(&text("pcie")).unwrap();
+        pcie.check(&machine).unwrap();
+        let g = |class| On(Fake { nranks: 2, max_bytes: 64 << 20 }, class);
+        let auto = |c: &Call, class, t: Option<&Tuning>| choose_tuned(Requested::Auto, c, Some(&g(class)), t).path;
+        assert_eq!(auto(&call(2, 1 << 20), LinkClass::Pcie, Some(&pcie)), Path::Custom(Family::TwoShot), "the file's choice, a push family included");
+        assert_eq!(auto(&call(2, 4096), LinkClass::Pcie, Some(&pcie)), Path::Custom(Family::OneShot));
+        assert_eq!(auto(&call(2, 1 << 20), LinkClass::Pcie, None), Path::Custom(Family::OneShot), "built-in PCIe table");
+        assert_eq!(auto(&call(2, 1 << 20), LinkClass::NvLink, Some(&pcie)), Path::Custom(Family::Lamport), "NVLink group: built-in");
+        assert_eq!(auto(&fused_call(2, 8, 8192), LinkClass::Pcie, Some(&pcie)), Path::Split(Family::OneShot));
+        assert_eq!(
+            choose_tuned(Requested::Auto, &Call { dtype: DataType::Half, ..fused_call(2, 8, 8192) }, Some(&g(LinkClass::Pcie)), Some(&pcie)).path,
+            Path::Custom(Family::OneShot),
+            "fp16 fused: no section, the built-in PCIe table"
+        );
+        let four = On(Fake { nranks: 4, max_bytes: 64 << 20 }, LinkClass::Pcie);
+        assert_eq!(choose_tuned(Requested::Auto, &call(4, 128 << 10), Some(&four), Some(&pcie)).path, Path::Custom(Family::TwoShot), "4 ranks: built-in");
+        assert_eq!(choose_tuned(Requested::OneShot, &call(2, 1 << 20), Some(&g(LinkClass::Pcie)), Some(&pcie)).path, Path::Custom(Family::OneShot), "forced: the file is AUTO's");
+        let same = Tuning::parse(&text("same-device")).unwrap();
+        assert_eq!(auto(&call(2, 1 << 20), LinkClass::SameDevice, Some(&same)), Path::Custom(Family::TwoShot));
+        assert_eq!(auto(&call(2, 1 << 20), LinkClass::Pcie, Some(&same)), Path::Custom(Family::OneShot));
+    }
+
+    #[test]
+    fn the_fingerprint_covers_every_built_in_table() {
+        let text = builtin_text();
+        for table in [AUTO_TABLE, ONE_DEVICE_AUTO_TABLE, PCIE_AUTO_TABLE] {
+            assert!(text.contains(&format!("{table:?}")), "{table:?}");
+        }
+        for table in [FUSED_AUTO_TABLE, ONE_DEVICE_FUSED_AUTO_TABLE, ONE_DEVICE_FUSED_AUTO_TABLE_WIDE, PCIE_FUSED_AUTO_TABLE] {
+            assert!(text.contains(&format!("{table:?}")), "{table:?}");
+        }
+        assert_eq!(builtin_fingerprint(), crate::launch::tuning::fnv1a(text.as_bytes()));
+        // Every built-in table is well formed: increasing bounds, an unbounded last entry, a
+        // row for the largest rank count.
+        for class in LinkClass::ALL {
+            let Some(t) = builtin_tables(class) else { continue };
+            let check = |rows: Vec<(i32, Vec<u64>)>| {
+                assert!(rows.last().is_some_and(|(n, _)| *n >= 16), "{class:?}");
+                for (n, bounds) in rows {
+                    assert!(bounds.windows(2).all(|w| w[0] < w[1]) && bounds.last() == Some(&u64::MAX), "{class:?} {n}");
+                }
+            };
+            check(t.plain.iter().map(|(n, r)| (*n, r.iter().map(|e| e.0).collect())).collect());
+            check(t.fused.iter().map(|(n, r)| (*n, r.iter().map(|e| e.0).collect())).collect());
+            check(t.fused_wide.iter().map(|(n, r)| (*n, r.iter().map(|e| e.0).collect())).collect());
+        }
     }
 }
