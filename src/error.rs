@@ -1,7 +1,9 @@
-//! One error type for the whole core (a leaf: it names no other module's types). Every entry
+//! One error type for the whole core (a leaf: it names no other module's types but the peer
+//! self-test's verdict, a plain value of `crate::selftest`). Every entry
 //! point from C or C++ converts it into a TensorRT status code (or `false`/null) after logging
 //! it once; nothing unwinds across the ABI.
 
+use crate::selftest::SelfTestFailure;
 use thiserror::Error;
 
 /// Everything that can go wrong in the plugin core.
@@ -82,6 +84,11 @@ pub enum Error {
 
     #[error("the group was released: its workspaces take no more launches")]
     Released,
+
+    /// The peer self-test found the links between the group's GPUs broken (or a rank did not
+    /// take part): the group must not run the custom kernels (`crate::selftest`).
+    #[error("{0}")]
+    SelfTest(Box<SelfTestFailure>),
 
     #[error("CUDA device ordinal {0} is out of range")]
     DeviceOrdinal(i32),

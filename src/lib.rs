@@ -21,6 +21,7 @@
 //! | `groups` | which devices form a group; the group table |
 //! | `exchange` | the multi-process agreement (IPC handles through NCCL) |
 //! | `group` | one group's memory: workspaces, state blocks, generation, retirement, its stream |
+//! | `selftest` | the peer self-test a group passes before its custom kernels are trusted (`kernels/selftest.cu`) |
 //! | `fault` | the kernels' fault words (a kernel that gave up waiting), read without synchronizing |
 //! | `reclaim` | memory of released groups, freed at the runtime's setup and teardown calls |
 //! | `registry` | per-device NCCL registrations |
@@ -58,6 +59,7 @@ mod overlay;
 mod plugin;
 mod reclaim;
 mod registry;
+mod selftest;
 mod strategy;
 mod tensor;
 
@@ -77,6 +79,9 @@ pub use launch::{Fits, FusedCall, Message};
 pub use nccl::dtype_code as nccl_dtype_code;
 pub use plugin::PluginCore;
 pub use reclaim::free_released_memory;
+pub use selftest::{SelfTestFailure, SelfTestKind, SelfTestProblem};
+#[doc(hidden)]
+pub use selftest::{decide as self_test_decide, RankState, RankVerdict, SelfTestInjection, VERDICT_BYTES};
 pub use strategy::{choose, requested, Call, Path, Requested};
 pub use tensor::DataType;
 
