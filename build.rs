@@ -305,7 +305,7 @@ fn write_kernel_contract(root: &Path) {
     };
     config.export.item_types = vec![cbindgen::ItemType::Constants, cbindgen::ItemType::Structs];
     // No function uses the parameter blocks on the C side: name them.
-    config.export.include = vec!["EarAllReduceParams".to_owned(), "EarFusedParams".to_owned(), "EarPlan".to_owned()];
+    config.export.include = ["EarAllReduceParams", "EarFusedParams", "EarPlan", "EarSelfTestParams", "EarSelfTestResult"].map(String::from).to_vec();
     config.parse.parse_deps = false;
     generate(config, &root.join("src/launch/contract.rs"), &root.join("kernels/ear_contract.h"));
 }

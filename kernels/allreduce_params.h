@@ -16,6 +16,7 @@
  *
  *   [ signal region : EAR_SIGNAL_BYTES                ]  offset 0
  *   [ data region   : EAR_DATA_BYTES(max_msg, nranks) ]  offset EAR_SIGNAL_BYTES
+ *   [ self-test     : EAR_SELFTEST_BYTES              ]  offset EAR_SELFTEST_OFFSET(max_msg, nranks)
  *
  *   signal region: uint64_t slot[EAR_MAX_BLOCKS][EAR_MAX_RANKS]; slot[b][r] is written
  *                  (st.release.sys; the in-place one-shot's "done" relaxed) only by CTA b of
@@ -41,6 +42,12 @@
  *   where m = max_msg_bytes (the largest count * elem_size the workspace serves; the same
  *   value goes into EarAllReduceParams.ws_max_bytes on every call) and n = nranks.
  *   Every rank of a communicator must create its workspace with the same (m, n).
+ *   self-test area (kernels/selftest.cu, the peer self-test run before a group is trusted):
+ *                  16-byte inbox[src] at EAR_SELFTEST_INBOX(src) for src < EAR_MAX_RANKS, written
+ *                  only by rank src's ear_selftest; then the 16-byte local slot at
+ *                  EAR_SELFTEST_LOCAL, written only by the owner's ear_selftest and read by its
+ *                  peers'. No all-reduce kernel reads or writes it, and nothing clears it: each
+ *                  self-test round writes tokens of its own (EAR_SELFTEST_TOKEN).
  *
  * State block of ONE rank: EAR_STATE_BYTES, a SEPARATE device allocation (any zero-filled
  * block, 16-byte aligned, e.g. its own cudaMalloc + cudaMemset 0), local only: never mapped
@@ -138,8 +145,25 @@
  *   About (5 - 2/n)*m + 6*n MiB for m >= 2 MiB (4*m + 12 MiB at 2 ranks). */
 #define EAR_DATA_BYTES(m, n) \
   (EAR_OFF_LAMPORT(m, n) + 3u * (uint64_t)(n) * EAR_LAMPORT_ROW_BYTES(m))
+/* Peer self-test area (kernels/selftest.cu), after the data region (128-byte aligned, as every
+ * region before it): EAR_MAX_RANKS 16-byte inbox slots, then the 16-byte local slot on a line of
+ * its own. Offsets below are from the start of the area. */
+#define EAR_SELFTEST_SLOT_BYTES 16u
+#define EAR_SELFTEST_INBOX(src) ((uint64_t)(src) * EAR_SELFTEST_SLOT_BYTES)
+#define EAR_SELFTEST_LOCAL ((uint64_t)EAR_MAX_RANKS * EAR_SELFTEST_SLOT_BYTES)
+#define EAR_SELFTEST_BYTES (EAR_SELFTEST_LOCAL + EAR_ALIGN_BYTES)
+/* Offset of the self-test area from the workspace base. */
+#define EAR_SELFTEST_OFFSET(m, n) (EAR_SIGNAL_BYTES + EAR_DATA_BYTES(m, n))
+/* The token rank `src` writes for rank `dst` in self-test round `round` (src == dst: its own
+ * slot): never zero (the magic's high word), so a zero-filled slot never holds one, and
+ * distinct per (src, dst, round mod 2^16). A slot holds it as 16 bytes: the token, then its
+ * complement. */
+#define EAR_SELFTEST_TOKEN(src, dst, round)                                                    \
+  (((uint64_t)EAR_SELFTEST_MAGIC << 32) | ((uint64_t)((uint32_t)(round) & 0xFFFFu) << 16) |   \
+   ((uint64_t)((uint32_t)(src) & 0xFFu) << 8) | (uint64_t)((uint32_t)(dst) & 0xFFu))
+
 /* The whole allocation of one rank. */
-#define EAR_WORKSPACE_BYTES(m, n) (EAR_SIGNAL_BYTES + EAR_DATA_BYTES(m, n))
+#define EAR_WORKSPACE_BYTES(m, n) (EAR_SELFTEST_OFFSET(m, n) + EAR_SELFTEST_BYTES)
 
 /* Grid rule (see the launch rule above). */
 #define EAR_GRID(work_vecs, max_blocks)                                                   \
@@ -171,12 +195,17 @@
 #define EAR_FOR_EACH_RANK_COUNT(M, ...) \
   M(__VA_ARGS__, 2) M(__VA_ARGS__, 4) M(__VA_ARGS__, 6) M(__VA_ARGS__, 8) M(__VA_ARGS__, 16)
 
-/* EarAllReduceParams (ear_contract.h) is the only kernel argument, passed by value. */
+/* EarAllReduceParams (ear_contract.h) is the only kernel argument, passed by value; the same for
+ * EarSelfTestParams and ear_selftest, which reports into an EarSelfTestResult. */
 #ifdef __cplusplus
 static_assert(sizeof(EarAllReduceParams) == 200, "EarAllReduceParams must be 200 bytes");
+static_assert(sizeof(EarSelfTestParams) == 176, "EarSelfTestParams must be 176 bytes");
+static_assert(sizeof(EarSelfTestResult) == 144, "EarSelfTestResult must be 144 bytes");
 static_assert(sizeof(void*) == 8, "64-bit targets only");
 #else
 _Static_assert(sizeof(EarAllReduceParams) == 200, "EarAllReduceParams must be 200 bytes");
+_Static_assert(sizeof(EarSelfTestParams) == 176, "EarSelfTestParams must be 176 bytes");
+_Static_assert(sizeof(EarSelfTestResult) == 144, "EarSelfTestResult must be 144 bytes");
 _Static_assert(sizeof(void*) == 8, "64-bit targets only");
 #endif
 

@@ -22,8 +22,9 @@
 // (`EAR_CALL_INPUT_SHARED`). "EAR8": a 64 KiB signal region whose pointer slots are 16-byte
 // {flag value, pointer} entries written and read as one atomic (no fence in place), the 4+
 // rank one-shot reading inputs in place too, with an end barrier, and the exchange only on
-// calls that say so (`EAR_CALL_POINTERS`).
-#define EAR_PROTOCOL_ID 1161908792
+// calls that say so (`EAR_CALL_POINTERS`). "EAR9": EAR8 with the peer self-test's area after
+// the data region (`EAR_SELFTEST_OFFSET`, `kernels/selftest.cu`): a longer workspace.
+#define EAR_PROTOCOL_ID 1161908793
 
 // `EarAllReduceParams::flags`: peers may read this rank's input in place for this call (the
 // group lives in one process and the input is memory every rank's device reaches). The 4+
@@ -83,6 +84,33 @@
 #define EAR_OP_ALLREDUCE 0
 
 #define EAR_OP_RESIDUAL_RMSNORM 1
+
+// The peer self-test (`kernels/selftest.cu`, `crate::group::selftest`): the high 32 bits of every token
+// (`EAR_SELFTEST_TOKEN`, `kernels/allreduce_params.h`), so that no token is ever zero, the value
+// of a freshly zero-filled workspace. Also the first word of a rank's gathered verdict.
+#define EAR_SELFTEST_MAGIC 1579122263
+
+// The threads of `ear_selftest`'s one CTA (lane q checks rank q); its grid is 1.
+#define EAR_SELFTEST_THREADS 32
+
+// `EarSelfTestResult::write` and `::read` entries: not decided yet (a kernel that has not
+// finished; also the rank's own entry and entries >= nranks, never written). The host takes
+// every entry but PASSED, WRONG and UNMAPPED alike (`selftest::decide`).
+#define EAR_SELFTEST_PENDING 0
+
+// The exact token arrived (write) or was read (read) within the bound.
+#define EAR_SELFTEST_PASSED 1
+
+// The bound passed with nothing there: zero, or the token of an earlier round (write: the
+// peer's store never arrived; read: the loads never returned the peer's token).
+#define EAR_SELFTEST_NOT_SEEN 2
+
+// The bound passed with another value there than the token: the path garbles data.
+#define EAR_SELFTEST_WRONG 3
+
+// The host gave no address for the peer's workspace (its mapping failed): nothing was written
+// to it or read from it (read entries only).
+#define EAR_SELFTEST_UNMAPPED 4
 
 // The only kernel argument of the plain families, passed by value. 200 bytes, 8-byte aligned,
 // no implicit padding (64-bit targets only).
@@ -152,5 +180,54 @@ typedef struct EarPlan {
   uint32_t block;
   uint32_t flags;
 } EarPlan;
+
+// What one rank's `ear_selftest` reports, in host-mapped memory (the host reads it after the
+// kernel ended, or, for a kernel that did not end, as far as it got). 144 bytes.
+typedef struct EarSelfTestResult {
+  // `EAR_SELFTEST_TOKEN(rank, rank, round)` once every entry below is final (written last,
+  // after a system fence); anything else: the kernel has not finished.
+  uint64_t done;
+  // `%globaltimer` nanoseconds from the kernel's start to its verdict.
+  uint64_t elapsed_ns;
+  // `write[q]`: how rank q's token for this rank arrived in this rank's workspace (the path
+  // q -> rank, a peer's stores); `EAR_SELFTEST_*`.
+  uint32_t write[EAR_MAX_RANKS];
+  // `read[q]`: what this rank's loads of rank q's own slot returned (the path rank -> q, a
+  // peer's memory read over the link); `EAR_SELFTEST_*`.
+  uint32_t read[EAR_MAX_RANKS];
+} EarSelfTestResult;
+
+// The only argument of `ear_selftest`, passed by value. 176 bytes, 8-byte aligned, no
+// implicit padding (64-bit targets only). Launch: grid 1, block `EAR_SELFTEST_THREADS`, no
+// dynamic shared memory, no PDL.
+typedef struct EarSelfTestParams {
+  // Base of each rank's workspace as mapped in this process, index = rank; entry `rank` is
+  // our own allocation (never NULL). A NULL peer entry: its mapping failed; the kernel
+  // neither writes to nor reads from it (`EAR_SELFTEST_UNMAPPED`). Entries >= nranks are
+  // ignored.
+  void *peer_ws[EAR_MAX_RANKS];
+  // This rank's result block (host-mapped, zero-filled by the host).
+  struct EarSelfTestResult *result;
+  // The max_msg_bytes `m` the workspaces were created with: the self-test area lies at
+  // `EAR_SELFTEST_OFFSET(m, nranks)`.
+  uint64_t ws_max_bytes;
+  // How long the kernel waits for its peers' tokens, in nanoseconds (`%globaltimer`, from the
+  // kernel's start); 0 looks once.
+  uint64_t timeout_ns;
+  // This rank in [0, nranks).
+  int32_t rank;
+  // Number of ranks, 1 to EAR_MAX_RANKS (the kernel serves every count).
+  int32_t nranks;
+  // Identical on every rank, different for each self-test of the same workspaces (16 bits
+  // are used): a token left by an earlier round is never taken for this round's.
+  uint32_t round;
+  // Fault injection (tests): bit p set, this rank does not write its token to peer p.
+  uint32_t skip_mask;
+  // Fault injection (tests): bit p set (p != rank), this rank writes a wrong token to peer p;
+  // bit `rank` set, a wrong token into its own slot (every peer's read of it is wrong).
+  uint32_t garble_mask;
+  // Zero.
+  uint32_t reserved;
+} EarSelfTestParams;
 
 #endif  /* EAR_CONTRACT_H */

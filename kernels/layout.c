@@ -40,6 +40,21 @@ uint64_t ear_abort_offset(void)
     return EAR_ABORT_OFFSET;
 }
 
+uint64_t ear_selftest_offset(uint64_t max_msg_bytes, int32_t nranks)
+{
+    return EAR_SELFTEST_OFFSET(max_msg_bytes, (uint64_t)nranks);
+}
+
+uint64_t ear_selftest_token(uint32_t src, uint32_t dst, uint32_t round)
+{
+    return EAR_SELFTEST_TOKEN(src, dst, round);
+}
+
+uint64_t ear_selftest_params_size(void)
+{
+    return sizeof(EarSelfTestParams);
+}
+
 uint32_t ear_state_bytes(void)
 {
     return EAR_STATE_BYTES;

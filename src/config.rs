@@ -13,6 +13,14 @@ pub(crate) const MAX_WORKSPACE_BYTES: u64 = 1 << 40;
 /// milliseconds), short next to a person waiting for a hung job.
 pub(crate) const DEFAULT_TIMEOUT_MS: u64 = 10_000;
 
+/// `EDGELLM_ALLREDUCE_SELFTEST_MS` when unset: how long the peer self-test's kernel waits for its
+/// peers' tokens (`crate::group::selftest`). A healthy group passes in microseconds; the bound is what a
+/// failing one costs, and covers the skew between the ranks' launches.
+pub const DEFAULT_SELFTEST_MS: u64 = 50;
+
+/// The largest `EDGELLM_ALLREDUCE_SELFTEST_MS` taken (one minute).
+pub const MAX_SELFTEST_MS: u64 = 60_000;
+
 /// A strategy as asked for: the plugin's `strategy` field, or `EDGELLM_ALLREDUCE_STRATEGY`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Requested {
@@ -50,6 +58,10 @@ pub(crate) struct Config {
     /// `EDGELLM_ALLREDUCE_TIMEOUT_MS`: the longest a kernel waits for a peer before it gives up
     /// (kernels/wait.cuh); 0: no bound.
     pub timeout_ms: u64,
+    /// `EDGELLM_ALLREDUCE_SELFTEST_MS`: the bound of the peer self-test a group passes before its
+    /// custom kernels are trusted (`crate::group::selftest`); 0: no self-test, which is unsafe: a
+    /// fabric that drops or garbles peer traffic then shows as hangs or wrong sums.
+    pub selftest_ms: u64,
     /// `EDGELLM_ALLREDUCE_PDL=0` turns programmatic dependent launch off (a debugging switch).
     pub pdl: bool,
     /// `EDGELLM_ALLREDUCE_LOG_LEVEL`: stderr logging when no TensorRT logger was given.
@@ -89,6 +101,13 @@ impl Config {
         let timeout_ms = parsed("EDGELLM_ALLREDUCE_TIMEOUT_MS", "a number of milliseconds (0: no bound)", &|v| v.parse::<u64>().is_ok())
             .and_then(|v| v.parse().ok())
             .unwrap_or(DEFAULT_TIMEOUT_MS);
+        let selftest_ms = parsed(
+            "EDGELLM_ALLREDUCE_SELFTEST_MS",
+            "a number of milliseconds up to 60000 (0: no self-test, unsafe)",
+            &|v| v.parse::<u64>().is_ok_and(|ms| ms <= MAX_SELFTEST_MS),
+        )
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(DEFAULT_SELFTEST_MS);
         let log_level = parsed("EDGELLM_ALLREDUCE_LOG_LEVEL", "one of error, warning, info, verbose", &|v| parse_severity(v).is_some())
             .and_then(|v| parse_severity(&v))
             .unwrap_or(Severity::Warning);
@@ -96,7 +115,7 @@ impl Config {
         let pdl = parsed("EDGELLM_ALLREDUCE_PDL", "0 or 1", &|v| v == "0" || v == "1").is_none_or(|v| v != "0");
         // A path: any text but the empty one (which means unset, as for a shell's VAR=).
         let tuning_file = var("EDGELLM_ALLREDUCE_TUNING").filter(|v| !v.trim().is_empty()).map(std::path::PathBuf::from);
-        Config { strategy, workspace_bytes, exchange_at_register, max_blocks, timeout_ms, pdl, log_level, tuning_file, problems }
+        Config { strategy, workspace_bytes, exchange_at_register, max_blocks, timeout_ms, selftest_ms, pdl, log_level, tuning_file, problems }
     }
 }
 
@@ -144,6 +163,7 @@ mod tests {
         assert_eq!(c.tuning_file, None);
         assert_eq!(from(&[("EDGELLM_ALLREDUCE_TUNING", " ")]).tuning_file, None, "empty: unset");
         assert_eq!(c.timeout_ms, 10_000);
+        assert_eq!(c.selftest_ms, 50);
     }
 
     #[test]
@@ -157,9 +177,12 @@ mod tests {
             ("EDGELLM_ALLREDUCE_LOG_LEVEL", "verbose"),
             ("EDGELLM_ALLREDUCE_TIMEOUT_MS", "0"),
             ("EDGELLM_ALLREDUCE_TUNING", "/opt/ear/tuning.txt"),
+            ("EDGELLM_ALLREDUCE_SELFTEST_MS", "0"),
         ]);
         assert_eq!(c.timeout_ms, 0, "0: no bound");
         assert_eq!(c.tuning_file, Some(std::path::PathBuf::from("/opt/ear/tuning.txt")));
+        assert_eq!(c.selftest_ms, 0, "0: no self-test");
+        assert_eq!(from(&[("EDGELLM_ALLREDUCE_SELFTEST_MS", " 250 ")]).selftest_ms, 250);
         assert!(c.problems.is_empty(), "{:?}", c.problems);
         assert_eq!(c.strategy, Some(Requested::Lamport));
         assert_eq!(c.workspace_bytes, Some(1008), "rounded up to 16 bytes");
@@ -175,6 +198,7 @@ mod tests {
             ("EDGELLM_ALLREDUCE_WORKSPACE_BYTES", "garbage"),
             ("EDGELLM_ALLREDUCE_MAX_BLOCKS", "abc"),
             ("EDGELLM_ALLREDUCE_TIMEOUT_MS", "-5"),
+            ("EDGELLM_ALLREDUCE_SELFTEST_MS", "fast"),
             ("EDGELLM_ALLREDUCE_LOG_LEVEL", "loud"),
             ("EDGELLM_ALLREDUCE_EXCHANGE", "always"),
             ("EDGELLM_ALLREDUCE_PDL", "off"),
@@ -197,6 +221,8 @@ mod tests {
         assert_eq!(c.problems.len(), 2, "{:?}", c.problems);
         let c = from(&[("EDGELLM_ALLREDUCE_MAX_BLOCKS", "129")]);
         assert_eq!(c.max_blocks, None);
+        let c = from(&[("EDGELLM_ALLREDUCE_SELFTEST_MS", "60001")]);
+        assert_eq!((c.selftest_ms, c.problems.len()), (DEFAULT_SELFTEST_MS, 1), "over a minute: the default");
         let c = from(&[("EDGELLM_ALLREDUCE_WORKSPACE_BYTES", "1099511627776"), ("EDGELLM_ALLREDUCE_MAX_BLOCKS", "128")]);
         assert_eq!((c.workspace_bytes, c.max_blocks), (Some(1 << 40), Some(128)), "the bounds themselves are taken");
     }

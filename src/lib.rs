@@ -9,7 +9,7 @@
 //! | `api` | the entry points: the cxx bridge (types converted to the core's at the edge), the C ABI (`edgellm*`, `initEdgellmPlugins`), every call behind the panic guard |
 //! | `overlay` | Edge-LLM's own plugin library loaded beside this one (the base), the policy of whose creator TensorRT sees |
 //! | `plugin` | TensorRT-facing decisions: fields, tensors, and what `enqueue` runs |
-//! | `group` | devices and groups: the per-device record ([`group::device`]), which devices form a group and the multi-process exchange, a group's memory, faults, reclaimed memory; `Group::plan` and `Group::run` |
+//! | `group` | devices and groups: the per-device record ([`group::device`]), which devices form a group and the multi-process exchange, the peer self-test a group passes before its kernels are trusted, a group's memory, faults, reclaimed memory; `Group::plan` and `Group::run` |
 //! | `launch` | what a launch is: the kernels' contract, the families and their rules, the launch plan, the embedded kernels, AUTO's tables per link class and the tuning file (`launch::tuning`) |
 //! | `link` | what carries the bytes between two ranks (same device, NVLink, PCIe, none), from the driver's P2P attributes |
 //! | `cuda`, `nccl`, `config`, `tensor`, `error`, `log` | leaves: the driver, NCCL, every environment knob, tensor types, errors, logging (to a sink installed at start-up) |
@@ -63,6 +63,9 @@ pub use tensor::{DataType, TensorDesc};
 pub use group::device::kernels as device_kernels;
 pub use launch::strategy::{builtin_tables, AutoTables, FusedChoice, NARROW_ROW};
 pub use launch::tuning;
+pub use error::{SelfTestFailure, SelfTestKind, SelfTestProblem};
+#[doc(hidden)]
+pub use group::selftest::{decide as self_test_decide, RankState, RankVerdict, SelfTestInjection, VERDICT_BYTES};
 
 /// The configuration (`crate::config`), what could not be parsed logged once.
 pub(crate) fn config() -> &'static config::Config {

@@ -19,6 +19,8 @@ use std::sync::OnceLock;
 const SUCCESS: u32 = 0;
 /// `CUDA_ERROR_NOT_FOUND`: a kernel name that a module does not define.
 pub(crate) const ERROR_NOT_FOUND: u32 = 500;
+/// `CUDA_ERROR_NOT_READY`: work still under way (`cuStreamQuery`).
+pub(crate) const ERROR_NOT_READY: u32 = 600;
 /// `CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED`.
 pub(crate) const ERROR_PEER_ACCESS_ALREADY_ENABLED: u32 = 704;
 
@@ -131,6 +133,7 @@ driver_functions! {
     cuLaunchKernelEx(config: *const CUlaunchConfig, function: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void);
     cuStreamCreate(stream: *mut CUstream, flags: c_uint);
     cuStreamSynchronize(stream: CUstream);
+    cuStreamQuery(stream: CUstream);
     cuStreamDestroy_v2(stream: CUstream);
     cuStreamIsCapturing(stream: CUstream, status: *mut u32);
     cuStreamGetCaptureInfo_v3(

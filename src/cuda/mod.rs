@@ -474,29 +474,105 @@ pub(crate) fn with_scratch_stream<T>(
     outcome
 }
 
+/// A stream of the current context that does not synchronize with the legacy default stream
+/// (setup-time work that must not wait for, or hold up, the application's). Its work is waited
+/// for by polling ([`OwnedStream::finished`]), never by blocking. Destroyed on drop, which
+/// returns at once: work still queued completes first (cuStreamDestroy). Drop it with its
+/// context current.
+#[derive(Debug)]
+pub struct OwnedStream {
+    raw: sys::CUstream,
+}
+
+impl OwnedStream {
+    pub fn non_blocking() -> Result<OwnedStream> {
+        driver()?;
+        let mut raw: sys::CUstream = std::ptr::null_mut();
+        let flags = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32;
+        // SAFETY: a valid out-pointer; the stream is destroyed on drop.
+        unsafe { driver::cuStreamCreate(&mut raw, flags) }?;
+        Ok(OwnedStream { raw })
+    }
+
+    pub fn stream(&self) -> Stream {
+        Stream(self.raw as usize)
+    }
+
+    /// Whether all work enqueued so far has completed (`cuStreamQuery`, which never blocks);
+    /// an error when some of it failed (a sticky error of the context).
+    pub fn finished(&self) -> Result<bool> {
+        // SAFETY: the stream is ours and alive.
+        match unsafe { driver::cuStreamQuery(self.raw) } {
+            Ok(()) => Ok(true),
+            Err(Error::Cuda { code: driver::ERROR_NOT_READY, .. }) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+impl Drop for OwnedStream {
+    fn drop(&mut self) {
+        // SAFETY: the stream is ours; the driver releases it once its work completed.
+        let _ = unsafe { driver::cuStreamDestroy_v2(self.raw) };
+    }
+}
+
+/// A zero-filled page-locked host allocation, mapped into the address space of every context
+/// (portable, device-mapped): kernels write it, the host reads it without synchronizing. Its
+/// address is the device address too (unified addressing). Freed on drop (with a context
+/// current), unless [`MappedHost::leak`]ed: memory a kernel that may still run writes.
+#[derive(Debug)]
+pub struct MappedHost {
+    host: *mut std::ffi::c_void,
+}
+
+impl MappedHost {
+    /// Allocates `bytes` (> 0). Needs a current context.
+    pub fn zeroed(bytes: usize) -> Result<MappedHost> {
+        driver()?;
+        let flags = sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP;
+        let mut host: *mut std::ffi::c_void = std::ptr::null_mut();
+        // SAFETY: allocates `bytes`; owned by the value returned (or freed below).
+        unsafe { driver::cuMemHostAlloc(&mut host, bytes, flags) }?;
+        let block = MappedHost { host };
+        // SAFETY: the allocation holds `bytes` bytes.
+        unsafe { std::ptr::write_bytes(host.cast::<u8>(), 0, bytes) };
+        let mut device: sys::CUdeviceptr = 0;
+        // SAFETY: a device-mapped allocation of this process; valid out-pointer.
+        match unsafe { driver::cuMemHostGetDevicePointer_v2(&mut device, host, 0) } {
+            Ok(()) if device == host as u64 => Ok(block),
+            other => Err(other.err().unwrap_or(Error::DriverLacks("unified addressing (a device pointer equal to the host pointer)"))),
+        }
+    }
+
+    /// Its address (host and device).
+    pub fn ptr(&self) -> *mut u8 {
+        self.host.cast()
+    }
+
+    /// Never frees it (it lives as long as the process); returns its address.
+    pub fn leak(self) -> usize {
+        let host = self.host as usize;
+        std::mem::forget(self);
+        host
+    }
+}
+
+impl Drop for MappedHost {
+    fn drop(&mut self) {
+        // SAFETY: our allocation; no kernel writes it any more (the owner's contract).
+        if let Err(e) = unsafe { driver::cuMemFreeHost(self.host) } {
+            crate::log::warning(&format!("freeing mapped host memory: {e}"));
+        }
+    }
+}
+
 /// A zero-filled page-locked host allocation of `bytes`, mapped into the address space of every
 /// context (portable, device-mapped): kernels write it, the host reads it with plain loads,
 /// without synchronizing. Returns its address, which unified addressing makes the device
 /// address too. Never freed (it lives as long as the process). Needs a current context.
 pub(crate) fn mapped_host_page(bytes: usize) -> Result<usize> {
-    driver()?;
-    let flags = sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP;
-    let mut host: *mut std::ffi::c_void = std::ptr::null_mut();
-    // SAFETY: allocates `bytes`; the page is owned by the caller from here on.
-    unsafe { driver::cuMemHostAlloc(&mut host, bytes, flags) }?;
-    // SAFETY: the allocation holds `bytes` bytes.
-    unsafe { std::ptr::write_bytes(host.cast::<u8>(), 0, bytes) };
-    let mut device: sys::CUdeviceptr = 0;
-    // SAFETY: a device-mapped allocation of this process; valid out-pointer.
-    let mapped = unsafe { driver::cuMemHostGetDevicePointer_v2(&mut device, host, 0) };
-    match mapped {
-        Ok(()) if device == host as u64 => Ok(host as usize),
-        other => {
-            // SAFETY: the allocation above, unused.
-            let _ = unsafe { driver::cuMemFreeHost(host) };
-            Err(other.err().unwrap_or(Error::DriverLacks("unified addressing (a device pointer equal to the host pointer)")))
-        }
-    }
+    MappedHost::zeroed(bytes).map(MappedHost::leak)
 }
 
 /// Keeps `value` alive as long as the CUDA graph being captured on `stream`, and every

@@ -26,6 +26,7 @@ pub(crate) mod fault;
 pub(crate) mod formation;
 pub(crate) mod reclaim;
 pub(crate) mod run;
+pub(crate) mod selftest;
 
 use crate::cuda::{self, DeviceBuffer, DevicePtr, IpcMapping, Stream};
 use crate::error::{Error, Result};
@@ -107,6 +108,12 @@ pub struct Group {
     pub generation: u32,
     /// Released: launches are refused, the workspaces' abort words are set.
     retired: AtomicBool,
+    /// A kernel of its peer self-test did not finish and may still touch its memory: the group
+    /// is retired without waiting for its devices, and its memory is never freed
+    /// (`crate::group::selftest`).
+    wedged: AtomicBool,
+    /// Peer self-test rounds run on its workspaces (each round's tokens are its own).
+    self_test_rounds: AtomicU32,
     /// Indexed by rank: the ranks this process drives (all of them in-process, one after an
     /// IPC exchange).
     pub(crate) members: Vec<Option<Member>>,
@@ -152,6 +159,8 @@ impl Group {
             timeout_ns: timeout_ns(),
             generation: GENERATIONS.fetch_add(1, Ordering::Relaxed) + 1,
             retired: AtomicBool::new(false),
+            wedged: AtomicBool::new(false),
+            self_test_rounds: AtomicU32::new(0),
             members,
             imported: Vec::new(),
             peer_ws: [DevicePtr::NULL; EAR_MAX_RANKS],
@@ -233,6 +242,19 @@ impl Group {
         cuda::tie_to_capture(stream, self.clone())
     }
 
+    /// The round of a new peer self-test of this group's workspaces (1, 2, ...).
+    pub(crate) fn next_self_test_round(&self) -> u32 {
+        self.self_test_rounds.fetch_add(1, Ordering::Relaxed).wrapping_add(1)
+    }
+
+    /// A kernel of this group's peer self-test did not finish and may still touch its memory:
+    /// the group takes no more launches, [`Group::retire`] waits for nothing (it would wait for
+    /// ever), and its memory is never freed (freeing waits for the device).
+    pub(crate) fn wedge(&self) {
+        self.wedged.store(true, Ordering::Release);
+        self.retired.store(true, Ordering::Release);
+    }
+
     /// Whether rank `rank` may run a custom all-reduce on `stream`: the first stream that asks
     /// owns the rank for the life of the group (one state block and set of banks per rank,
     /// used by one stream at a time: two streams would interleave their call counters).
@@ -260,6 +282,13 @@ impl Drop for Group {
     /// Nothing is freed here (this may be an enqueue thread or the driver's graph callback):
     /// the memory goes to `crate::group::reclaim`.
     fn drop(&mut self) {
+        if self.wedged.load(Ordering::Acquire) {
+            // A self-test kernel may still touch this memory: it is never freed.
+            crate::log::warning(&format!("a custom all-reduce group (generation {}) whose peer self-test did not finish is dropped: its memory is leaked", self.generation));
+            self.imported.drain(..).for_each(std::mem::forget);
+            self.members.drain(..).flatten().for_each(std::mem::forget);
+            return;
+        }
         for (device, mapping) in self.imported.drain(..) {
             reclaim::defer(device, mapping);
         }

@@ -22,8 +22,9 @@ use std::ffi::c_void;
 /// (`EAR_CALL_INPUT_SHARED`). "EAR8": a 64 KiB signal region whose pointer slots are 16-byte
 /// {flag value, pointer} entries written and read as one atomic (no fence in place), the 4+
 /// rank one-shot reading inputs in place too, with an end barrier, and the exchange only on
-/// calls that say so (`EAR_CALL_POINTERS`).
-pub const EAR_PROTOCOL_ID: u32 = 0x4541_5238;
+/// calls that say so (`EAR_CALL_POINTERS`). "EAR9": EAR8 with the peer self-test's area after
+/// the data region (`EAR_SELFTEST_OFFSET`, `kernels/selftest.cu`): a longer workspace.
+pub const EAR_PROTOCOL_ID: u32 = 0x4541_5239;
 
 /// `EarAllReduceParams::flags`: peers may read this rank's input in place for this call (the
 /// group lives in one process and the input is memory every rank's device reaches). The 4+
@@ -128,6 +129,84 @@ pub struct EarAllReduceParams {
     pub flags: u32,
 }
 
+/// The peer self-test (`kernels/selftest.cu`, `crate::group::selftest`): the high 32 bits of every token
+/// (`EAR_SELFTEST_TOKEN`, `kernels/allreduce_params.h`), so that no token is ever zero, the value
+/// of a freshly zero-filled workspace. Also the first word of a rank's gathered verdict.
+pub const EAR_SELFTEST_MAGIC: u32 = 0x5E1F_7E57;
+
+/// The threads of `ear_selftest`'s one CTA (lane q checks rank q); its grid is 1.
+pub const EAR_SELFTEST_THREADS: u32 = 32;
+
+/// `EarSelfTestResult::write` and `::read` entries: not decided yet (a kernel that has not
+/// finished; also the rank's own entry and entries >= nranks, never written). The host takes
+/// every entry but PASSED, WRONG and UNMAPPED alike (`selftest::decide`).
+#[allow(dead_code)]
+pub const EAR_SELFTEST_PENDING: u32 = 0;
+/// The exact token arrived (write) or was read (read) within the bound.
+pub const EAR_SELFTEST_PASSED: u32 = 1;
+/// The bound passed with nothing there: zero, or the token of an earlier round (write: the
+/// peer's store never arrived; read: the loads never returned the peer's token).
+#[allow(dead_code)]
+pub const EAR_SELFTEST_NOT_SEEN: u32 = 2;
+/// The bound passed with another value there than the token: the path garbles data.
+pub const EAR_SELFTEST_WRONG: u32 = 3;
+/// The host gave no address for the peer's workspace (its mapping failed): nothing was written
+/// to it or read from it (read entries only).
+pub const EAR_SELFTEST_UNMAPPED: u32 = 4;
+
+/// What one rank's `ear_selftest` reports, in host-mapped memory (the host reads it after the
+/// kernel ended, or, for a kernel that did not end, as far as it got). 144 bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct EarSelfTestResult {
+    /// `EAR_SELFTEST_TOKEN(rank, rank, round)` once every entry below is final (written last,
+    /// after a system fence); anything else: the kernel has not finished.
+    pub done: u64,
+    /// `%globaltimer` nanoseconds from the kernel's start to its verdict.
+    pub elapsed_ns: u64,
+    /// `write[q]`: how rank q's token for this rank arrived in this rank's workspace (the path
+    /// q -> rank, a peer's stores); `EAR_SELFTEST_*`.
+    pub write: [u32; EAR_MAX_RANKS],
+    /// `read[q]`: what this rank's loads of rank q's own slot returned (the path rank -> q, a
+    /// peer's memory read over the link); `EAR_SELFTEST_*`.
+    pub read: [u32; EAR_MAX_RANKS],
+}
+
+/// The only argument of `ear_selftest`, passed by value. 176 bytes, 8-byte aligned, no
+/// implicit padding (64-bit targets only). Launch: grid 1, block `EAR_SELFTEST_THREADS`, no
+/// dynamic shared memory, no PDL.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct EarSelfTestParams {
+    /// Base of each rank's workspace as mapped in this process, index = rank; entry `rank` is
+    /// our own allocation (never NULL). A NULL peer entry: its mapping failed; the kernel
+    /// neither writes to nor reads from it (`EAR_SELFTEST_UNMAPPED`). Entries >= nranks are
+    /// ignored.
+    pub peer_ws: [*mut c_void; EAR_MAX_RANKS],
+    /// This rank's result block (host-mapped, zero-filled by the host).
+    pub result: *mut EarSelfTestResult,
+    /// The max_msg_bytes `m` the workspaces were created with: the self-test area lies at
+    /// `EAR_SELFTEST_OFFSET(m, nranks)`.
+    pub ws_max_bytes: u64,
+    /// How long the kernel waits for its peers' tokens, in nanoseconds (`%globaltimer`, from the
+    /// kernel's start); 0 looks once.
+    pub timeout_ns: u64,
+    /// This rank in [0, nranks).
+    pub rank: i32,
+    /// Number of ranks, 1 to EAR_MAX_RANKS (the kernel serves every count).
+    pub nranks: i32,
+    /// Identical on every rank, different for each self-test of the same workspaces (16 bits
+    /// are used): a token left by an earlier round is never taken for this round's.
+    pub round: u32,
+    /// Fault injection (tests): bit p set, this rank does not write its token to peer p.
+    pub skip_mask: u32,
+    /// Fault injection (tests): bit p set (p != rank), this rank writes a wrong token to peer p;
+    /// bit `rank` set, a wrong token into its own slot (every peer's read of it is wrong).
+    pub garble_mask: u32,
+    /// Zero.
+    pub reserved: u32,
+}
+
 /// The only argument of the fused all-reduce + residual (+ bias) + RMSNorm kernels, passed by
 /// value. 256 bytes, 8-byte aligned, no implicit padding (64-bit targets only).
 #[repr(C)]
@@ -168,10 +247,14 @@ mod tests {
         assert_eq!(offset_of!(EarAllReduceParams, fault), 176);
         assert_eq!(size_of::<EarFusedParams>(), 256);
         assert_eq!(offset_of!(EarFusedParams, eps), 252);
+        assert_eq!(size_of::<EarSelfTestParams>(), 176);
+        assert_eq!(offset_of!(EarSelfTestParams, rank), 152);
+        assert_eq!(size_of::<EarSelfTestResult>(), 144);
+        assert_eq!(offset_of!(EarSelfTestResult, read), 80);
     }
 
     #[test]
-    fn the_protocol_id_reads_ear7() {
-        assert_eq!(&EAR_PROTOCOL_ID.to_be_bytes(), b"EAR8");
+    fn the_protocol_id_reads_ear9() {
+        assert_eq!(&EAR_PROTOCOL_ID.to_be_bytes(), b"EAR9");
     }
 }

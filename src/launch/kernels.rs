@@ -1,6 +1,7 @@
 //! The embedded CUDA kernels (`kernels/*.cu`, compiled by build.rs into fatbins), loaded once
-//! per device (`crate::group::device` keeps them): every family's kernels by name ([`crate::launch::family`] names them), and the residual
-//! + RMSNorm kernel that follows NCCL.
+//! per device (`crate::group::device` keeps them): every family's kernels by name
+//! ([`crate::launch::family`] names them), the residual + RMSNorm kernel that follows NCCL, and
+//! the peer self-test (`crate::group::selftest`).
 
 use crate::cuda::{self, Function};
 use crate::error::{Error, Result};
@@ -11,11 +12,17 @@ use std::collections::HashMap;
 
 include!(concat!(env!("OUT_DIR"), "/kernels.rs"));
 
+/// The peer self-test's kernel (`kernels/selftest.cu`): a group runs it before its custom kernels
+/// are trusted, so a device without it forms no group.
+pub(crate) const SELFTEST_KERNEL: &str = "ear_selftest";
+
 /// The kernels of one device (its primary context).
 pub struct DeviceKernels {
     functions: HashMap<(Family, Op, DataType, i32), Function>,
     /// `ear_residual_rmsnorm_<t>`: residual + bias + RMSNorm alone (after NCCL, or one rank).
     norms: HashMap<DataType, Function>,
+    /// `ear_selftest` (`crate::group::selftest`).
+    selftest: Option<Function>,
     /// Programmatic dependent launch: sm_90 and newer, unless EDGELLM_ALLREDUCE_PDL=0, when every
     /// kernel carries its `griddepcontrol.wait` (code from compute_90 or newer: PTX of compute_80
     /// JIT-compiled for an sm_90 has none, and launched early it would read its inputs before
@@ -41,7 +48,8 @@ impl DeviceKernels {
             .collect();
         let mut names: Vec<String> = keys.iter().map(|&(f, o, t, n)| family::kernel_name(f, o, t, n)).collect();
         names.extend(TYPES.map(family::norm_kernel_name));
-        let (mut functions, mut norms) = (HashMap::new(), HashMap::new());
+        names.push(SELFTEST_KERNEL.to_owned());
+        let (mut functions, mut norms, mut selftest) = (HashMap::new(), HashMap::new(), None);
         let mut failed: Vec<(&str, i32)> = Vec::new();
         cuda::with_device(device, || {
             for (module, image, defined) in MODULES {
@@ -63,6 +71,7 @@ impl DeviceKernels {
                         norms.insert(*t, *f);
                     }
                 }
+                selftest = selftest.or(found[keys.len() + TYPES.len()]);
             }
             Ok(())
         })?;
@@ -72,15 +81,29 @@ impl DeviceKernels {
             crate::log::warning(&message);
             message
         });
+        // Asking for an attribute loads the self-test's code now: under lazy loading its first
+        // launch would, delaying that rank's kernel behind its peers' by the load.
+        if let Some(f) = selftest {
+            f.ptx_version()?;
+        }
         let mut ptx_versions = functions.values().chain(norms.values()).map(|f| f.ptx_version());
         let sm90_code = ptx_versions.try_fold(true, |all, v| v.map(|v| all && v >= 90))?;
         let pdl = major >= 9 && sm90_code && crate::config().pdl;
-        Ok(DeviceKernels { functions, norms, pdl, sm90_code, sm_count, unavailable })
+        Ok(DeviceKernels { functions, norms, selftest, pdl, sm90_code, sm_count, unavailable })
     }
 
-    /// Err unless every custom kernel module loaded (a group needs them on every rank).
+    /// Err unless every custom kernel module loaded, the peer self-test's among them (a group
+    /// needs them on every rank, and runs the self-test before it is trusted).
     pub fn require_all(&self) -> Result<()> {
-        self.unavailable.as_ref().map_or(Ok(()), |why| Err(Error::KernelsUnavailable(why.clone())))
+        if let Some(why) = &self.unavailable {
+            return Err(Error::KernelsUnavailable(why.clone()));
+        }
+        self.selftest.map(|_| ()).ok_or_else(|| Error::NoKernel(SELFTEST_KERNEL.to_owned()))
+    }
+
+    /// The peer self-test's kernel (`ear_selftest`), if it loaded.
+    pub(crate) fn selftest(&self) -> Option<Function> {
+        self.selftest
     }
 
     /// Err unless the residual + RMSNorm kernel that the fused op runs after NCCL (or alone,
@@ -108,7 +131,7 @@ mod tests {
     #[test]
     fn every_kernel_file_is_embedded() {
         let names: Vec<_> = MODULES.iter().map(|(n, _, _)| *n).collect();
-        for family in ["oneshot", "twoshot", "lamport", "oneshot_norm", "twoshot_norm", "lamport_norm", "rmsnorm"] {
+        for family in ["oneshot", "twoshot", "lamport", "oneshot_norm", "twoshot_norm", "lamport_norm", "rmsnorm", "selftest"] {
             assert!(names.contains(&family), "{family} missing from {names:?}");
         }
         assert!(MODULES.iter().all(|(_, image, _)| image.len() > 1024), "fatbins are not empty");
@@ -123,12 +146,13 @@ mod tests {
             MODULES.iter().any(|(_, image, _)| image.windows(needle.len()).any(|w| w == needle.as_bytes()))
         };
         let mut names: Vec<String> = TYPES.map(family::norm_kernel_name).to_vec();
+        names.push(SELFTEST_KERNEL.to_owned());
         for f in Family::ALL {
             for op in [Op::AllReduce, Op::ResidualRmsNorm] {
                 names.extend(TYPES.iter().flat_map(|&t| RANK_COUNTS.map(|n| family::kernel_name(f, op, t, n))));
             }
         }
-        assert_eq!(names.len(), 3 + 2 * 3 * 3 * 5);
+        assert_eq!(names.len(), 3 + 1 + 2 * 3 * 3 * 5);
         let missing: Vec<_> = names.iter().filter(|n| !holds(n)).collect();
         assert!(missing.is_empty(), "kernels missing from the fatbins: {missing:?}");
         assert!(!holds("ear_oneshot_f16_n2"), "the names before they said their sync method are gone");

@@ -7,11 +7,15 @@
 #                         ranks); a graph keeps the group it captured, a replay after the release
 #                         does nothing and reports it; two streams at once: one custom, one NCCL
 #   rust simulated ranks  every family, type and rank count through Group::launch (bounds set)
+#   rust self-test        the peer self-test (tests/gpu_selftest.rs): healthy 2/4/8 ranks, a
+#                         dropped write named on every rank, garbled tokens, a rank never
+#                         launched, a kernel past the host's deadline
 #   sim_faults            every kernel family: skip, late, released, no bound, control
 #   sim_ranks, sim_fused  --quick: the kernels with their waits bounded, no fault word written
 #   memcheck              compute-sanitizer on the graph test (capture, release, replay) and on
 #                         sim_faults --one-launch; no API error is expected, so none is hidden
 #   racecheck             compute-sanitizer on sim_faults --one-launch: the waits' looks race-free
+#   memcheck, racecheck   also on the self-test's sanitizer test (rust_gpu_selftest)
 # Prints one PASS/FAIL line per step and "contract_check: PASS" or "FAIL"; logs go to $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -26,7 +30,7 @@ step() { # name, log, command...: runs it with its output in log, prints its ver
   grep -E "^(PASS|FAIL) |passed|test result|HANG|panicked|ERROR SUMMARY|\[  (PASSED|FAILED) " "$OUT/$log" | grep -v "^PASS " | tail -4 | sed 's/^/    /'
 }
 for f in libNvInfer_edgellm_plugin.so.1 edgellm_plugin_tests_trt10 libedgellm_fake_nccl.so rust_gpu_contract \
-         rust_gpu_simulated_ranks sim_faults sim_ranks sim_fused; do
+         rust_gpu_simulated_ranks rust_gpu_selftest sim_faults sim_ranks sim_fused; do
   [ -e "$dir/$f" ] || { echo "FAIL missing $dir/$f: run tools/gpu/stage_contract.sh first"; exit 2; }
 done
 nccl=$( (ldconfig -p | awk '/libnccl.so.2 /{print $NF; exit}'; find / -name 'libnccl.so.2' -not -path '/proc/*' 2>/dev/null) | head -n1)
@@ -38,6 +42,8 @@ step "rust contract: skipped ranks, graph lifetime, two streams" rust_contract.l
   timeout 300 "$dir/rust_gpu_contract" --ignored --test-threads 1 --nocapture
 step "rust simulated ranks: every family, type and rank count (waits bounded)" rust_simulated.log \
   timeout 300 "$dir/rust_gpu_simulated_ranks" --ignored --test-threads 1 --nocapture
+step "rust self-test: healthy, write lost, garbled, never launched, past the host's deadline" rust_selftest.log \
+  timeout 300 "$dir/rust_gpu_selftest" --ignored --test-threads 1 --nocapture
 step "sim_faults: skip, late, released, no bound, control (every family, 2 and 4 ranks)" sim_faults.log \
   timeout 300 "$dir/sim_faults" --timeout 20
 step "sim_ranks --quick: no wait gives up" sim_ranks.log timeout 300 "$dir/sim_ranks" --quick --no-timing --timeout 20
@@ -52,6 +58,11 @@ if [ -n "$san" ]; then
   # words must show no race.
   step "racecheck: sim_faults --one-launch" racecheck_sim_faults.log timeout 300 "$san" --tool racecheck --error-exitcode 9 \
     "$dir/sim_faults" --one-launch --timeout 120
+  # The self-test's kernel: peers' workspaces, its host-mapped result block, nothing else.
+  for tool in memcheck racecheck; do
+    step "$tool: the peer self-test (rust)" "${tool}_selftest.log" timeout 300 "$san" --tool "$tool" --error-exitcode 9 \
+      "$dir/rust_gpu_selftest" --ignored --exact under_a_sanitizer_the_self_test_touches_only_its_memory --nocapture
+  done
 else
   echo "FAIL no compute-sanitizer on this machine"; status=1
 fi

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Copies what the GPU machine runs into .carry/ (git-ignored), stripped: the built library, the
 # gtest binaries with their stand-in libnvinfer (trt10/, trt11/) and the stand-in NCCL of the
-# fault tests (beside them), the Rust GPU test binary, the benchmark, the two kernel
+# fault tests (beside them), the Rust GPU test binaries (simulated ranks, peer self-test), the benchmark, the two kernel
 # simulations, the NVLink probe and the two-shot stage timings (tools/gpu/device_session.sh
 # runs them); and into .carry-overlay/ the library, the overlay tests with their stand-ins and
 # Edge-LLM 0.11's own library for TensorRT 10 and 11 (tools/gpu/overlay_check.sh runs them; a
@@ -24,9 +24,10 @@ for major in 10 11; do
   cp "$EDGELLM_BASE_LIBRARY" "$overlay/edgellm-trt$major/libNvInfer_edgellm_plugin_base.so"
 done
 archs=$(grep -oP '^EDGELLM_CUDA_ARCHS:STRING=\K.*' "$root/build/CMakeCache.txt")
-rust_test=$(cd "$root" && EDGELLM_CUDA_ARCHS=${archs//;/,} cargo test --release --no-run 2>&1 |
-  grep -oP 'Executable tests/gpu_simulated_ranks.rs \(\K[^)]+')
-cp "$root/$rust_test" "$root/.carry/rust_gpu_simulated_ranks"
+rust_tests=$(cd "$root" && EDGELLM_CUDA_ARCHS=${archs//;/,} cargo test --release --no-run 2>&1)
+for test in gpu_simulated_ranks gpu_selftest; do
+  cp "$root/$(grep -oP "Executable tests/$test.rs \(\K[^)]+" <<<"$rust_tests")" "$root/.carry/rust_$test"
+done
 (cd "$root" && EDGELLM_CUDA_ARCHS=${archs//;/,} cargo build --release -q -p edgellm-allreduce-bench)
 cp "$root/target/release/edgellm-allreduce-bench" "$root/.carry/"
 for sim in sim_ranks sim_fused; do
@@ -38,6 +39,6 @@ done
 # The 4+ rank two-shot's stages on simulated ranks (docs/PERFORMANCE.md, "Four and eight ranks").
 "$CUDA_HOME/bin/nvcc" -O3 -std=c++17 -arch=sm_90 -L"$CUDA_HOME/lib" -Werror all-warnings \
   "$root/tools/gpu/twoshot_stages.cu" -o "$root/.carry/twoshot_stages"
-strip "$root/.carry"/edgellm_plugin_tests_trt* "$root/.carry/rust_gpu_simulated_ranks" \
+strip "$root/.carry"/edgellm_plugin_tests_trt* "$root/.carry/rust_gpu_simulated_ranks" "$root/.carry/rust_gpu_selftest" \
   "$root/.carry/edgellm-allreduce-bench" "$overlay"/edgellm_overlay_tests_trt*
 du -sh "$root/.carry" "$overlay"

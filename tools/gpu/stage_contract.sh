@@ -3,7 +3,7 @@
 # waits, faults, graph lifetimes, streams, input hardening) into .carry-contract/ (git-ignored;
 # carry that folder): the library and the gtest binary (TensorRT 10 build, with its stand-in
 # libnvinfer and the stand-in NCCL of the fault tests), the Rust GPU tests (contract, simulated
-# ranks), and the kernel simulations (faults, plain, fused). Run after tools/install.sh.
+# ranks, peer self-test), and the kernel simulations (faults, plain, fused). Run after tools/install.sh.
 # BENCH=1 also stages .carry-contract-bench/ (a carry of its own): edgellm-allreduce-bench of
 # this tree and of BASE (default aa6094a, main before the contract, built from `git archive` in a temporary folder), for
 # tools/gpu/contract_bench.sh (a device call of its own).
@@ -17,8 +17,8 @@ archs=$(grep -oP '^EDGELLM_CUDA_ARCHS:STRING=\K.*' "$root/build/CMakeCache.txt")
 cp -L "$root/build/libNvInfer_edgellm_plugin.so.1" "$root/build/tests/edgellm_plugin_tests_trt10" \
   "$root/build/tests/libedgellm_fake_nccl.so" "$dest/"
 cp -L "$root/build/tests/trt10/libnvinfer.so.10" "$dest/trt10/"
-list=$(cd "$root" && EDGELLM_CUDA_ARCHS=${archs//;/,} cargo test --release --no-run --test gpu_contract --test gpu_simulated_ranks 2>&1)
-for test in gpu_contract gpu_simulated_ranks; do
+list=$(cd "$root" && EDGELLM_CUDA_ARCHS=${archs//;/,} cargo test --release --no-run --test gpu_contract --test gpu_simulated_ranks --test gpu_selftest 2>&1)
+for test in gpu_contract gpu_simulated_ranks gpu_selftest; do
   cp "$root/$(grep -oP "Executable tests/$test.rs \(\K[^)]+" <<<"$list")" "$dest/rust_$test"
 done
 for sim in sim_faults sim_ranks sim_fused; do

@@ -1,7 +1,11 @@
-//! One error type for the whole core (a leaf: it names no other module's types). Every entry
+//! One error type for the whole core, a leaf (the peer self-test's verdict is one of its
+//! plain values, `selftest.rs`). Every entry
 //! point from C or C++ converts it into a TensorRT status code (or `false`/null) after logging
 //! it once; nothing unwinds across the ABI.
 
+mod selftest;
+
+pub use selftest::{SelfTestFailure, SelfTestKind, SelfTestProblem};
 use thiserror::Error;
 
 /// Everything that can go wrong in the plugin core.
@@ -82,6 +86,11 @@ pub enum Error {
 
     #[error("the group was released: its workspaces take no more launches")]
     Released,
+
+    /// The peer self-test found the links between the group's GPUs broken (or a rank did not
+    /// take part): the group must not run the custom kernels (`crate::group::selftest`).
+    #[error("{0}")]
+    SelfTest(Box<SelfTestFailure>),
 
     #[error("CUDA device ordinal {0} is out of range")]
     DeviceOrdinal(i32),
