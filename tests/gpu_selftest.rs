@@ -32,10 +32,7 @@ use std::time::{Duration, Instant};
 mod common;
 use common::{gpu, Watchdog};
 
-// The benchmark's input generator and output check.
-#[allow(dead_code)]
-#[path = "../bench/src/data.rs"]
-mod data;
+use edgellm_test_support as data;
 
 /// The status codes of a verdict's entries (`EAR_SELFTEST_*`, src/contract.rs).
 const PASSED: u8 = 1;

@@ -17,6 +17,8 @@ use crate::cuda::{self, IpcMapping};
 use crate::error::{Error, Result};
 use crate::group::{self, Group, Member};
 use crate::group::device::Registration;
+use crate::group::selftest::{self, Bounds, RankVerdict, VERDICT_BYTES};
+use crate::link::{self, LinkClass, PairFacts};
 
 /// The settings that decide which kernel a call runs, and so must be the same on every rank.
 /// (The grid cap may differ: the group takes the smallest. The timeout and PDL act on one rank
@@ -85,6 +87,9 @@ struct Record {
     /// This rank's grid cap; the group takes the smallest.
     max_blocks: u32,
     settings: Settings,
+    /// The PCI bus id of the rank's device, NUL-padded: a peer that sees that device (no
+    /// `CUDA_VISIBLE_DEVICES` in the way) asks the driver what links them.
+    bus: [u8; 16],
 }
 
 /// The record's size: fixed for good (the gather needs the same size on every rank, and ranks
@@ -106,6 +111,7 @@ impl Record {
         b[100..104].copy_from_slice(&self.settings.strategy.to_le_bytes());
         b[104..112].copy_from_slice(&self.settings.tables.to_le_bytes());
         b[112..120].copy_from_slice(&self.settings.tuning.to_le_bytes());
+        b[120..136].copy_from_slice(&self.bus);
         b
     }
     fn decode(b: &[u8]) -> Option<Record> {
@@ -119,6 +125,7 @@ impl Record {
             handle: b[32..96].try_into().unwrap(),
             max_blocks: u32_at(96),
             settings: Settings { strategy: u32_at(100), max_bytes: u64_at(16), tables: u64_at(104), tuning: u64_at(112) },
+            bus: b[120..136].try_into().unwrap(),
         })
     }
 }
@@ -195,17 +202,20 @@ pub(crate) fn exchange(device: i32, registration: &Registration, info: CommInfo,
             handle: handle.unwrap_or([0; 64]),
             max_blocks: group::device_max_blocks(device).unwrap_or(1),
             settings,
+            bus: bus_bytes(&cuda::pci_bus_id(device).unwrap_or_default()),
         };
         let gathered = communicator::all_gather(registration, info.nranks, &mine.encode());
         // A rank that could not allocate has no group; it still takes part in both gathers.
         let mut group = member.as_ref().and_then(|_| Group::empty(info.nranks, max_bytes, 1).ok());
         let mut verdict_here = Err("the first gather failed".to_owned());
+        let mut links_here = LinkClass::NoPeer;
         if let (Ok(all), Some(m), Some(group)) = (&gathered, &member, &mut group) {
             let records: Vec<Option<Record>> = all.chunks_exact(RECORD_BYTES).map(Record::decode).collect();
             verdict_here = agree(&records, info.nranks);
             if let Ok(max_blocks) = verdict_here {
                 // Every rank sees the same records: the same grid cap everywhere.
                 group.max_blocks = max_blocks;
+                links_here = links_seen(device, info.rank, &records);
                 for (r, rec) in records.iter().flatten().enumerate() {
                     if r as i32 == info.rank {
                         group.peer_ws[r] = m.workspace.ptr();
@@ -227,20 +237,115 @@ pub(crate) fn exchange(device: i32, registration: &Registration, info: CommInfo,
             // No workspace here: still say why the others will not form a group.
             verdict_here = agree(&all.chunks_exact(RECORD_BYTES).map(Record::decode).collect::<Vec<_>>(), info.nranks).map(|_| 0);
         }
-        // Second round: everyone learns whether everyone mapped everything.
-        let verdict = communicator::all_gather(registration, info.nranks, &[verdict_here.is_ok() as u8]);
+        // Second round: everyone learns whether everyone mapped everything, and the links each
+        // saw (the group takes the worst, the same on every rank).
+        let second = communicator::all_gather(registration, info.nranks, &[verdict_here.is_ok() as u8, links_here.code()]);
         if let (Some(group), Some(m)) = (&mut group, member) {
             group.members[info.rank as usize] = Some(m); // from here on Drop releases it
         }
-        match (gathered, verdict, group) {
-            (Ok(_), Ok(flags), Some(group)) if flags.iter().all(|&f| f == 1) => Ok(group),
+        let (all_mapped, links) = match &second {
+            Ok(all) => (all.chunks_exact(2).all(|p| p[0] == 1), all.chunks_exact(2).map(|p| LinkClass::from_code(p[1]).unwrap_or(LinkClass::NoPeer)).max()),
+            Err(_) => (false, None),
+        };
+        // Third round, when every rank mapped every workspace (all ranks know it alike): the peer
+        // self-test, each rank's verdict gathered, every rank deciding on the same verdicts.
+        let tested = match (&gathered, all_mapped, &group) {
+            (Ok(_), true, Some(group)) => Some(self_test(registration, info, group)),
+            _ => None,
+        };
+        match (gathered, second, group) {
             (Err(e), _, _) | (_, Err(e), _) => Err(e),
-            (_, Ok(flags), _) => Err(Error::ExchangeRefused(match verdict_here {
+            (Ok(_), Ok(_), Some(mut group)) if all_mapped => {
+                tested.unwrap_or(Ok(()))?;
+                group.links = links.unwrap_or(LinkClass::NoPeer);
+                crate::log::info(&format!("device {device}: rank {} of {}: links as the ranks saw them: {}", info.rank, info.nranks, describe_class(group.links)));
+                Ok(group)
+            }
+            (_, Ok(all), _) => Err(Error::ExchangeRefused(match verdict_here {
                 Err(why) => why,
-                Ok(_) => format!("rank {} could not map every workspace", flags.iter().position(|&f| f != 1).unwrap_or(0)),
+                Ok(_) => format!("rank {} could not map every workspace", all.chunks_exact(2).position(|p| p[0] != 1).unwrap_or(0)),
             })),
         }
     })
+}
+
+/// The peer self-test across processes: this rank runs its kernel (after the second gather, so
+/// the ranks start within a gather's skew of each other), the verdicts are gathered (a rank
+/// with the test off sends none: if some rank tested, it counts as not run and the group
+/// fails; if none did, there is nothing to decide), and every rank decides on the same bytes.
+fn self_test(registration: &Registration, info: CommInfo, group: &Group) -> Result<()> {
+    let bounds = Bounds::configured();
+    let mine = match bounds {
+        Some(bounds) => match group.self_test_rank(info.rank, 1, Default::default()) {
+            Ok(rank) => Some(selftest::run_one_rank(&rank, bounds)),
+            Err(_) => Some(RankVerdict::not_run(info.rank, info.nranks, -1)),
+        },
+        None => None,
+    };
+    let mut bytes = [0u8; VERDICT_BYTES + 1];
+    if let Some(v) = &mine {
+        bytes[0] = 1;
+        bytes[1..].copy_from_slice(&v.encode());
+    }
+    let all = communicator::all_gather(registration, info.nranks, &bytes)?;
+    let chunks: Vec<&[u8]> = all.chunks_exact(VERDICT_BYTES + 1).collect();
+    if chunks.iter().all(|c| c[0] == 0) {
+        return Ok(());
+    }
+    let verdicts: Vec<RankVerdict> = chunks
+        .iter()
+        .enumerate()
+        .map(|(r, c)| if c[0] == 1 { RankVerdict::decode(&c[1..], r as i32, info.nranks) } else { RankVerdict::not_run(r as i32, info.nranks, -1) })
+        .collect();
+    selftest::decide(&verdicts).map_err(|failure| {
+        if failure.kernels_may_still_run() {
+            group.wedge();
+        }
+        Error::SelfTest(Box::new(failure))
+    })
+}
+
+/// The worst class of this rank's links to its peers, from the driver where the peer's device
+/// is visible in this process (by PCI bus id); a peer it cannot see (`CUDA_VISIBLE_DEVICES`
+/// hides it) counts as PCIe: the kernels read the IPC mapping, the self-test checks it, and
+/// AUTO takes the tables that never push large messages through peer writes.
+fn links_seen(device: i32, rank: i32, records: &[Option<Record>]) -> LinkClass {
+    let facts: Vec<PairFacts> = records
+        .iter()
+        .flatten()
+        .enumerate()
+        .filter(|&(r, _)| r as i32 != rank)
+        .map(|(_, rec)| match ordinal_of_bus(&rec.bus) {
+            Some(peer) => link::query(device, peer),
+            None => PairFacts { class: LinkClass::Pcie, perf_rank: None, native_atomics: None, access: None },
+        })
+        .collect();
+    link::group_class(&facts)
+}
+
+/// The ordinal, in this process, of the device with PCI bus id `bus` (NUL-padded), if visible.
+fn ordinal_of_bus(bus: &[u8; 16]) -> Option<i32> {
+    let id = std::str::from_utf8(bus).ok()?.trim_end_matches('\0');
+    (!id.is_empty()).then_some(())?;
+    (0..cuda::device_count().ok()?).find(|&d| cuda::pci_bus_id(d).is_ok_and(|b| b == id))
+}
+
+/// `id` NUL-padded into a record's 16 bytes (a longer id, which PCI ids never are, is cut).
+fn bus_bytes(id: &str) -> [u8; 16] {
+    let mut b = [0u8; 16];
+    let n = id.len().min(16);
+    b[..n].copy_from_slice(&id.as_bytes()[..n]);
+    b
+}
+
+/// A class in the log.
+fn describe_class(class: LinkClass) -> &'static str {
+    match class {
+        LinkClass::SameDevice => "one device",
+        LinkClass::NvLink => "NVLink",
+        LinkClass::Pcie => "PCIe (or not visible from every process)",
+        LinkClass::NoPeer => "no peer access",
+    }
 }
 
 #[cfg(test)]
@@ -250,7 +355,7 @@ mod tests {
     const SETTINGS: Settings = Settings { strategy: 0, max_bytes: 16_000_000, tables: 0x1234, tuning: 0 };
 
     fn record(rank: i32) -> Record {
-        Record { ok: true, nranks: 2, rank, host: host_id(), handle: [rank as u8; 64], max_blocks: 128 - rank as u32, settings: SETTINGS }
+        Record { ok: true, nranks: 2, rank, host: host_id(), handle: [rank as u8; 64], max_blocks: 128 - rank as u32, settings: SETTINGS, bus: bus_bytes("0000:17:00.0") }
     }
     fn round_trip(r: &Record) -> Option<Record> {
         Record::decode(&r.encode())

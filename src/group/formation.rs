@@ -93,7 +93,7 @@ pub(crate) fn on_register(device: i32, registration: Registration, explicit: boo
                 ));
             }
         }
-        Err(e) => crate::log::warning(&format!("custom all-reduce unavailable for devices {devices:?}: {e}; the NCCL path only")),
+        Err(e) => unavailable(&format!("custom all-reduce unavailable for devices {devices:?}"), &e),
     }
 }
 
@@ -132,6 +132,16 @@ fn install_exchanged(device: i32, registration: &Registration, info: CommInfo) {
             }
         }
         Err(e) if custom_disabled() => crate::log::verbose(&format!("device {device}: {e}")),
-        Err(e) => crate::log::warning(&format!("device {device}: custom all-reduce unavailable: {e}; the NCCL path only")),
+        Err(e) => unavailable(&format!("device {device}: custom all-reduce unavailable"), &e),
+    }
+}
+
+/// Says why no group formed: an error line when the peer self-test failed (the machine's peer
+/// access is broken: the line names the pair and the fixes), a warning otherwise.
+fn unavailable(what: &str, e: &crate::error::Error) {
+    let line = format!("{what}: {e}; the NCCL path only");
+    match e {
+        crate::error::Error::SelfTest(_) => crate::log::error(&line),
+        _ => crate::log::warning(&line),
     }
 }

@@ -184,6 +184,11 @@ impl Group {
         let max_blocks = devices.iter().map(|&d| device_max_blocks(d)).collect::<Result<Vec<_>>>()?;
         let mut group = Self::allocate(devices, max_bytes, max_blocks.into_iter().min().unwrap_or(1))?;
         group.links_exchange = every_ordered_pair(devices, cuda::p2p_exchange_128);
+        let facts = crate::link::pair_facts(devices, crate::link::query);
+        group.links = crate::link::group_class(&facts);
+        crate::log::info(&format!("devices {devices:?}: {}", crate::link::describe(&facts)));
+        // No custom kernel runs before every link carried the self-test's stores and loads.
+        group.self_test(&Default::default())?;
         Ok(group)
     }
 

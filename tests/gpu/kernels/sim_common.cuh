@@ -64,6 +64,10 @@ constexpr int kFams = 4;
 enum Dt { F32 = 0, F16 = 1, BF16 = 2 };
 static const char* kFamName[] = {"oneshot", "twoshot", "lamport", "twoshot_wide"};
 static bool is_twoshot(int fam) { return fam == TWOSHOT || fam == WIDE; }
+// The library's family id of a simulated plain family (the launch plan's EAR_FAMILY_*).
+static int32_t plan_family(int fam) {
+  return fam == LAMPORT ? EAR_FAMILY_LAMPORT : is_twoshot(fam) ? EAR_FAMILY_TWOSHOT : EAR_FAMILY_ONESHOT;
+}
 static const char* kDtName[] = {"f32", "f16", "bf16"};
 static const int kElemSize[] = {4, 2, 2};
 

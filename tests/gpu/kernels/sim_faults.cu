@@ -135,13 +135,10 @@ struct FaultSim : SimRanks {
     bound_waits(p, r);
     p.timeout_ns = timeout_ns;
     if (k == K_ONESHOT_IN_PLACE || k == K_TWOSHOT_IN_PLACE) p.flags = EAR_CALL_POINTERS | EAR_CALL_INPUT_SHARED;
-    const uint64_t vecs = EAR_CEIL_DIV(c * 2, EAR_VEC_BYTES);
     if (!fused(k)) {
       const int fam = k == K_LAMPORT ? LAMPORT : (k == K_ONESHOT || k == K_ONESHOT_IN_PLACE ? ONESHOT : TWOSHOT);
-      const uint32_t grid = fam == LAMPORT ? EAR_LAMPORT_GRID(vecs, grid_cap())
-                                           : EAR_GRID(fam == TWOSHOT ? EAR_CEIL_DIV(vecs, n) : vecs, grid_cap());
-      const uint32_t block = fam == LAMPORT ? EAR_LAMPORT_BLOCK(vecs, grid_cap()) : EAR_BLOCK_THREADS;
-      launch_kernel(kKernels[fam][BF16][ni], dim3(grid), dim3(block), st[r], false, &p);
+      const EarPlan plan = ear_plan_of(plan_family(fam), EAR_OP_ALLREDUCE, c, 0, 0, 2, n, grid_cap(), sms);
+      launch_kernel(kKernels[fam][BF16][ni], dim3(plan.grid), dim3(plan.block), st[r], false, &p);
       return;
     }
     f.residual = residual;
@@ -152,9 +149,8 @@ struct FaultSim : SimRanks {
     f.hidden = kHidden;
     f.eps = 1e-6f;
     const int fam = k - K_ONESHOT_NORM;  // 0 one-shot, 1 two-shot, 2 Lamport
-    const uint32_t grid = fam == 2 ? ear_fused_lamport_grid_of(kTokens, kHidden, 2, grid_cap())
-                                   : EAR_FUSED_GRID(kTokens, grid_cap());
-    launch_kernel(kFusedBf16[fam][ni], dim3(grid), dim3(EAR_FUSED_BLOCK(kHidden, 2)), st[r], false, &f);
+    const EarPlan plan = ear_plan_of(fam, EAR_OP_RESIDUAL_RMSNORM, kTokens * kHidden, kTokens, kHidden, 2, n, grid_cap(), sms);
+    launch_kernel(kFusedBf16[fam][ni], dim3(plan.grid), dim3(plan.block), st[r], false, &f);
   }
   // Whether every byte of rank r's outputs (residual_out and normed for the fused kinds) is
   // 0xFF: NaN everywhere, what a call that failed leaves.

@@ -311,21 +311,16 @@ struct FSim : SimRanks {
       default: return tokens * hidden * es <= ws_max;
     }
   }
-  int grid_rule(const Call& c) const {
-    if (c.fam == F_NORM) return static_cast<int>(EAR_FUSED_GRID(c.tokens, 4 * sms));
-    if (c.fam == F_LAMPORT)
-      return static_cast<int>(ear_fused_lamport_grid_of(c.tokens, c.hidden, kElemSize[c.dt], grid_cap()));
-    if (!is_plain(c.fam)) return static_cast<int>(EAR_FUSED_GRID(c.tokens, grid_cap()));
-    const uint64_t vecs = EAR_CEIL_DIV(c.tokens * c.hidden * kElemSize[c.dt], EAR_VEC_BYTES);
-    if (c.fam == P_LAMPORT) return static_cast<int>(EAR_LAMPORT_GRID(vecs, grid_cap()));
-    const uint64_t work = c.fam == P_TWOSHOT ? EAR_CEIL_DIV(vecs, n) : vecs;
-    return static_cast<int>(EAR_GRID(work, grid_cap()));
+  // The library's launch plan of a call (ear_plan_of): F_* and P_* - P_ONESHOT are the library's
+  // family ids (F_NORM its norm kernel alone).
+  EarPlan plan(const Call& c) const {
+    const uint32_t es = kElemSize[c.dt];
+    const uint64_t count = c.tokens * c.hidden;
+    if (is_plain(c.fam)) return ear_plan_of(c.fam - P_ONESHOT, EAR_OP_ALLREDUCE, count, 0, 0, es, n, grid_cap(), sms);
+    return ear_plan_of(c.fam, EAR_OP_RESIDUAL_RMSNORM, count, c.tokens, c.hidden, es, n, grid_cap(), sms);
   }
-  int block_rule(const Call& c) const {
-    const uint64_t vecs = EAR_CEIL_DIV(c.tokens * c.hidden * kElemSize[c.dt], EAR_VEC_BYTES);
-    if (c.fam == P_LAMPORT) return static_cast<int>(EAR_LAMPORT_BLOCK(vecs, grid_cap()));
-    return is_plain(c.fam) ? EAR_BLOCK_THREADS : static_cast<int>(EAR_FUSED_BLOCK(c.hidden, kElemSize[c.dt]));
-  }
+  int grid_rule(const Call& c) const { return static_cast<int>(plan(c).grid); }
+  int block_rule(const Call& c) const { return static_cast<int>(plan(c).block); }
   static char* at(void* b, uint64_t off) { return static_cast<char*>(b) + off; }
   void* out_ro(const Call& c, int r) const { return at(c.inplace ? res[r] : ro[r], c.off); }
   void* out_nrm(const Call& c, int r) const { return at(c.inplace ? x[r] : nrm[r], c.off); }
@@ -368,7 +363,7 @@ struct FSim : SimRanks {
     pool_next = (pool_next + 1) % pool_slots;
     CK(cudaMemcpy(slot, ps.data(), sizeof(EarFusedParams) * n, cudaMemcpyHostToDevice));
     const EarFusedParams* dp = slot;
-    const dim3 block(EAR_FUSED_BLOCK(c.hidden, kElemSize[c.dt]));
+    const dim3 block(plan(c).block);
     launch_kernel(kSimFused[c.fam][c.dt][n_index(n)], dim3(c.grid, n), block, s, /*pdl=*/false, &dp);
   }
   void run(const Call& c) {

@@ -129,17 +129,13 @@ struct Sim : SimRanks {
   uint64_t max_msg(int fam) const {
     return fam == LAMPORT ? EAR_LAMPORT_MAX_MSG(ws_max) : ws_max;
   }
-  int grid_rule(int fam, int dt, uint64_t count) const {
-    const uint64_t vecs = EAR_CEIL_DIV(count * kElemSize[dt], EAR_VEC_BYTES);
-    if (fam == LAMPORT) return static_cast<int>(EAR_LAMPORT_GRID(vecs, grid_cap()));
-    const uint64_t work = is_twoshot(fam) ? EAR_CEIL_DIV(vecs, n) : vecs;
-    return static_cast<int>(EAR_GRID(work, grid_cap()));
+  // The library's launch plan of a call (ear_plan_of, the rule the library launches by).
+  EarPlan plan(int fam, int dt, uint64_t count) const {
+    return ear_plan_of(plan_family(fam), EAR_OP_ALLREDUCE, count, 0, 0, kElemSize[dt], n, grid_cap(), sms);
   }
+  int grid_rule(int fam, int dt, uint64_t count) const { return static_cast<int>(plan(fam, dt, count).grid); }
   // The block of a call: Lamport's depends on the size (any grid works with it).
-  int block_rule(int fam, int dt, uint64_t count) const {
-    const uint64_t vecs = EAR_CEIL_DIV(count * kElemSize[dt], EAR_VEC_BYTES);
-    return fam == LAMPORT ? static_cast<int>(EAR_LAMPORT_BLOCK(vecs, grid_cap())) : EAR_BLOCK_THREADS;
-  }
+  int block_rule(int fam, int dt, uint64_t count) const { return static_cast<int>(plan(fam, dt, count).block); }
 
   EarAllReduceParams params(int r, const void* input, void* output, uint64_t count) const {
     EarAllReduceParams p;
