@@ -14,11 +14,11 @@
 //! target, so they are cached by content (`$EDGELLM_TOOLCHAIN_DIR/fatbin`): a cross build or
 //! another clone reuses them.
 
-use std::env;
 use std::collections::hash_map::DefaultHasher;
+use std::env;
 use std::fmt::Write as _;
-use std::hash::{Hash, Hasher};
 use std::fs;
+use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -28,7 +28,14 @@ const DEFAULT_ARCHS: &str = "80;86;89;90;100;110;120;121";
 fn main() {
     let root = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
     let out = PathBuf::from(env::var("OUT_DIR").unwrap());
-    for var in ["CUDA_HOME", "EDGELLM_TRT_INCLUDE", "TRT_ROOT", "EDGELLM_CUDA_ARCHS", "EDGELLM_TOOLCHAIN_DIR", "XDG_CACHE_HOME"] {
+    for var in [
+        "CUDA_HOME",
+        "EDGELLM_TRT_INCLUDE",
+        "TRT_ROOT",
+        "EDGELLM_CUDA_ARCHS",
+        "EDGELLM_TOOLCHAIN_DIR",
+        "XDG_CACHE_HOME",
+    ] {
         println!("cargo:rerun-if-env-changed={var}");
     }
     let toolchain = Toolchain::find();
@@ -117,7 +124,9 @@ fn newest_dir(dir: &Path, prefix: &str, file: &str) -> Option<PathBuf> {
 }
 
 fn nvcc_on_path() -> Option<PathBuf> {
-    env::split_paths(&env::var_os("PATH")?).find(|d| d.join("nvcc").is_file()).and_then(|bin| bin.parent().map(Path::to_path_buf))
+    env::split_paths(&env::var_os("PATH")?)
+        .find(|d| d.join("nvcc").is_file())
+        .and_then(|bin| bin.parent().map(Path::to_path_buf))
 }
 
 fn missing(what: &str, variable: &str) -> ! {
@@ -129,7 +138,9 @@ fn missing(what: &str, variable: &str) -> ! {
 
 fn sorted_files(dir: &Path, ext: &str) -> Vec<PathBuf> {
     let mut files: Vec<PathBuf> = fs::read_dir(dir)
-        .map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.extension().is_some_and(|e| e == ext)).collect())
+        .map(|d| {
+            d.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.extension().is_some_and(|e| e == ext)).collect()
+        })
         .unwrap_or_default();
     files.sort();
     files
@@ -164,12 +175,14 @@ fn compile_kernels(root: &Path, out: &Path, toolchain: &Toolchain) {
     let nvcc = toolchain.cuda_home.join("bin/nvcc");
     let kernels_dir = root.join("kernels");
     println!("cargo:rerun-if-changed={}", kernels_dir.display());
-    let headers: Vec<PathBuf> = sorted_files(&kernels_dir, "cuh").into_iter().chain(sorted_files(&kernels_dir, "h")).collect();
+    let headers: Vec<PathBuf> =
+        sorted_files(&kernels_dir, "cuh").into_iter().chain(sorted_files(&kernels_dir, "h")).collect();
     for header in &headers {
         println!("cargo:rerun-if-changed={}", header.display());
     }
-    let mut args: Vec<String> =
-        ["-fatbin", "-O3", "-std=c++17", "--expt-relaxed-constexpr", "-Xptxas", "-warn-spills"].map(String::from).to_vec();
+    let mut args: Vec<String> = ["-fatbin", "-O3", "-std=c++17", "--expt-relaxed-constexpr", "-Xptxas", "-warn-spills"]
+        .map(String::from)
+        .to_vec();
     args.extend(flags);
     // What the output depends on besides the .cu file itself: the compiler, its flags, the headers.
     let version = Command::new(&nvcc).arg("--version").output().map(|o| o.stdout).unwrap_or_default();
@@ -195,7 +208,11 @@ fn compile_kernels(root: &Path, out: &Path, toolchain: &Toolchain) {
                 let cached = cache.as_ref().map(|dir| dir.join(format!("{stem}-{:016x}.fatbin", key.finish())));
                 if let Some(hit) = cached.as_ref().filter(|c| fs::copy(c, &fatbin).is_ok()) {
                     // Marks the entry as recently used for pruning.
-                    fs::File::options().append(true).open(hit).and_then(|f| f.set_modified(std::time::SystemTime::now())).ok();
+                    fs::File::options()
+                        .append(true)
+                        .open(hit)
+                        .and_then(|f| f.set_modified(std::time::SystemTime::now()))
+                        .ok();
                     continue;
                 }
                 let status = Command::new(&nvcc)
@@ -232,7 +249,12 @@ fn compile_kernels(root: &Path, out: &Path, toolchain: &Toolchain) {
         writeln!(table, "    ({stem:?}, include_bytes!({:?}), &{kernels:?}),", fatbin.display().to_string()).unwrap();
     }
     table.push_str("];\n");
-    writeln!(table, "/// The images in every fatbin (SASS sm_XY, PTX compute_XY).\npub const IMAGES: &str = {:?};", images.join(" ")).unwrap();
+    writeln!(
+        table,
+        "/// The images in every fatbin (SASS sm_XY, PTX compute_XY).\npub const IMAGES: &str = {:?};",
+        images.join(" ")
+    )
+    .unwrap();
     let default_images = gencodes(DEFAULT_ARCHS).1.join(" ");
     writeln!(table, "/// The images of a build with the default EDGELLM_CUDA_ARCHS (for the tests).\n#[cfg(test)]\npub(crate) const DEFAULT_IMAGES: &str = {default_images:?};").unwrap();
     fs::write(out.join("kernels.rs"), table).unwrap();
@@ -249,7 +271,9 @@ fn kernel_names(fatbin: &[u8]) -> Vec<String> {
         .filter_map(|(i, _)| {
             let rest = &fatbin[i + 1..];
             let name = &rest[..rest.iter().position(|&c| c == 0)?];
-            name.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'_').then(|| String::from_utf8_lossy(name).into_owned())
+            name.iter()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'_')
+                .then(|| String::from_utf8_lossy(name).into_owned())
         })
         .collect();
     names.sort();
@@ -272,7 +296,9 @@ fn fatbin_cache() -> Option<PathBuf> {
 /// Keeps the `keep` most recently used fatbins of the cache.
 fn prune(dir: &Path, keep: usize) {
     let mut entries: Vec<(std::time::SystemTime, PathBuf)> = fs::read_dir(dir)
-        .map(|d| d.filter_map(|e| e.ok()).filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path()))).collect())
+        .map(|d| {
+            d.filter_map(|e| e.ok()).filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path()))).collect()
+        })
         .unwrap_or_default();
     entries.sort_by_key(|e| std::cmp::Reverse(e.0));
     for (_, path) in entries.into_iter().skip(keep) {
@@ -305,7 +331,10 @@ fn write_kernel_contract(root: &Path) {
     };
     config.export.item_types = vec![cbindgen::ItemType::Constants, cbindgen::ItemType::Structs];
     // No function uses the parameter blocks on the C side: name them.
-    config.export.include = ["EarAllReduceParams", "EarFusedParams", "EarPlan", "EarSelfTestParams", "EarSelfTestResult"].map(String::from).to_vec();
+    config.export.include =
+        ["EarAllReduceParams", "EarFusedParams", "EarPlan", "EarSelfTestParams", "EarSelfTestResult"]
+            .map(String::from)
+            .to_vec();
     config.parse.parse_deps = false;
     generate(config, &root.join("src/launch/contract.rs"), &root.join("kernels/ear_contract.h"));
 }

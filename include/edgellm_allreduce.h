@@ -21,12 +21,18 @@ extern "C" {
 // result is true when both hold the registration, false (and logged why) when neither does
 // (a negative device id or a null pointer, refused here; or the base refused it, and then
 // this library did not store it either).
+// # Safety
+// `ncclComm` and `ncclAllReduceFunction` must be a live communicator of `deviceId` and the
+// `ncclAllReduce` of the NCCL library that made it (or null: refused); they are used until
+// unregistered.
 bool edgellmRegisterNcclCommForAllReducePlugin(int deviceId, void *ncclComm, void *ncclAllReduceFunction);
 
 // Removes the registration of `deviceId` if it holds exactly `ncclComm`. Returns false (and
 // logs why) otherwise. The base (Edge-LLM's library, when the overlay has one) is asked too,
 // in step: true when both removed it, false when neither did (this library's registration
 // is kept when the base refuses).
+// # Safety
+// `ncclComm` is compared, not read; it may be any value.
 bool edgellmUnregisterNcclCommForAllReducePlugin(int deviceId, void *ncclComm);
 
 // Edge-LLM's plugin-library initializer. `logger` is an `nvinfer1::ILogger*` (or null): the
@@ -35,6 +41,9 @@ bool edgellmUnregisterNcclCommForAllReducePlugin(int deviceId, void *ncclComm);
 // replacing another library's AllReducePlugin there; with an overlay base, the base's own
 // initializer runs first and its other creators are registered in `libNamespace` too.
 // Returns true unless the registration of AllReducePlugin failed (upstream always returns true).
+// # Safety
+// `logger` must be null or an `nvinfer1::ILogger*` that outlives the library's use of it;
+// `libNamespace` null or a NUL-terminated string.
 bool initEdgellmPlugins(void *logger, const char *libNamespace);
 
 // How many ranks the custom-kernel group of CUDA device `deviceId` has: 0 when the device has
@@ -78,6 +87,9 @@ bool edgellmAllReduceReleaseWorkspaces(int deviceId);
 // uses (a plugin of Edge-LLM's own library): forwarded to the overlay's base. Returns false
 // (and logs why) when there is no base or it does not export this function, as upstream
 // returns false for a registration it cannot take.
+// # Safety
+// As Edge-LLM's function of that name (its base receives the pointers unread here): device
+// buffers of the described sizes that outlive the registration.
 bool edgellmRegisterFusedNvfp4WeightResource(int32_t deviceId, int32_t resourceId, const void *weight, const void *scale, int32_t outFeatures, int32_t inFeatures, int32_t scaleCols);
 
 // Edge-LLM 0.11's removal of a weight resource: forwarded to the overlay's base; false (and a
@@ -88,6 +100,8 @@ bool edgellmUnregisterFusedNvfp4WeightResource(int32_t deviceId, int32_t resourc
 // of `network` (an `nvinfer1::INetworkDefinition*`). Forwarded to the overlay's base; false (and
 // a log line) without one or when the base does not export it (0.11), which is what upstream
 // returns when no such layer is found.
+// # Safety
+// `network` must be an `nvinfer1::INetworkDefinition*` of the running TensorRT (the base reads it).
 bool edgellm_dflash_configure_pages_per_slot(void *network, int32_t pagesPerSlot);
 
 #ifdef __cplusplus

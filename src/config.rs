@@ -16,10 +16,10 @@ pub(crate) const DEFAULT_TIMEOUT_MS: u64 = 10_000;
 /// `EDGELLM_ALLREDUCE_SELFTEST_MS` when unset: how long the peer self-test's kernel waits for its
 /// peers' tokens (`crate::group::selftest`). A healthy group passes in microseconds; the bound is what a
 /// failing one costs, and covers the skew between the ranks' launches.
-pub const DEFAULT_SELFTEST_MS: u64 = 50;
+pub(crate) const DEFAULT_SELFTEST_MS: u64 = 50;
 
 /// The largest `EDGELLM_ALLREDUCE_SELFTEST_MS` taken (one minute).
-pub const MAX_SELFTEST_MS: u64 = 60_000;
+pub(crate) const MAX_SELFTEST_MS: u64 = 60_000;
 
 /// A strategy as asked for: the plugin's `strategy` field, or `EDGELLM_ALLREDUCE_STRATEGY`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -98,9 +98,11 @@ impl Config {
             v.parse::<u32>().is_ok_and(|b| (1..=EAR_MAX_BLOCKS).contains(&b))
         })
         .and_then(|v| v.parse().ok());
-        let timeout_ms = parsed("EDGELLM_ALLREDUCE_TIMEOUT_MS", "a number of milliseconds (0: no bound)", &|v| v.parse::<u64>().is_ok())
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(DEFAULT_TIMEOUT_MS);
+        let timeout_ms = parsed("EDGELLM_ALLREDUCE_TIMEOUT_MS", "a number of milliseconds (0: no bound)", &|v| {
+            v.parse::<u64>().is_ok()
+        })
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(DEFAULT_TIMEOUT_MS);
         let selftest_ms = parsed(
             "EDGELLM_ALLREDUCE_SELFTEST_MS",
             "a number of milliseconds up to 60000 (0: no self-test, unsafe)",
@@ -108,14 +110,28 @@ impl Config {
         )
         .and_then(|v| v.parse().ok())
         .unwrap_or(DEFAULT_SELFTEST_MS);
-        let log_level = parsed("EDGELLM_ALLREDUCE_LOG_LEVEL", "one of error, warning, info, verbose", &|v| parse_severity(v).is_some())
-            .and_then(|v| parse_severity(&v))
-            .unwrap_or(Severity::Warning);
+        let log_level = parsed("EDGELLM_ALLREDUCE_LOG_LEVEL", "one of error, warning, info, verbose", &|v| {
+            parse_severity(v).is_some()
+        })
+        .and_then(|v| parse_severity(&v))
+        .unwrap_or(Severity::Warning);
         let exchange_at_register = parsed("EDGELLM_ALLREDUCE_EXCHANGE", "register", &|v| v == "register").is_some();
         let pdl = parsed("EDGELLM_ALLREDUCE_PDL", "0 or 1", &|v| v == "0" || v == "1").is_none_or(|v| v != "0");
         // A path: any text but the empty one (which means unset, as for a shell's VAR=).
-        let tuning_file = var("EDGELLM_ALLREDUCE_TUNING").filter(|v| !v.trim().is_empty()).map(std::path::PathBuf::from);
-        Config { strategy, workspace_bytes, exchange_at_register, max_blocks, timeout_ms, selftest_ms, pdl, log_level, tuning_file, problems }
+        let tuning_file =
+            var("EDGELLM_ALLREDUCE_TUNING").filter(|v| !v.trim().is_empty()).map(std::path::PathBuf::from);
+        Config {
+            strategy,
+            workspace_bytes,
+            exchange_at_register,
+            max_blocks,
+            timeout_ms,
+            selftest_ms,
+            pdl,
+            log_level,
+            tuning_file,
+            problems,
+        }
     }
 }
 
@@ -223,7 +239,8 @@ mod tests {
         assert_eq!(c.max_blocks, None);
         let c = from(&[("EDGELLM_ALLREDUCE_SELFTEST_MS", "60001")]);
         assert_eq!((c.selftest_ms, c.problems.len()), (DEFAULT_SELFTEST_MS, 1), "over a minute: the default");
-        let c = from(&[("EDGELLM_ALLREDUCE_WORKSPACE_BYTES", "1099511627776"), ("EDGELLM_ALLREDUCE_MAX_BLOCKS", "128")]);
+        let c =
+            from(&[("EDGELLM_ALLREDUCE_WORKSPACE_BYTES", "1099511627776"), ("EDGELLM_ALLREDUCE_MAX_BLOCKS", "128")]);
         assert_eq!((c.workspace_bytes, c.max_blocks), (Some(1 << 40), Some(128)), "the bounds themselves are taken");
     }
 

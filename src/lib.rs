@@ -45,27 +45,27 @@ pub use api::abi;
 // The benchmark's and the GPU tests' API.
 pub use cuda::{DevicePtr, Stream};
 pub use error::{Error, Result};
-pub use group::fault::Fault;
+pub use error::{SelfTestFailure, SelfTestKind, SelfTestProblem};
 pub use group::device::group_for;
 #[doc(hidden)]
 pub use group::device::install_for_tests;
+pub use group::device::kernels as device_kernels;
+pub use group::fault::Fault;
 pub use group::reclaim::free_released_memory;
+#[doc(hidden)]
+pub use group::selftest::{decide as self_test_decide, RankState, RankVerdict, SelfTestInjection, VERDICT_BYTES};
 pub use group::{max_message_bytes, Group};
 pub use launch::family::{Family, RANK_COUNTS};
 pub use launch::kernels::{DeviceKernels, IMAGES as KERNEL_IMAGES};
+pub use launch::strategy::{builtin_tables, AutoTables, FusedChoice, NARROW_ROW};
 pub use launch::strategy::{choose, Call, Path, Requested};
+pub use launch::tuning;
 pub use launch::{Fits, FusedCall, Message};
 pub use link::{describe as describe_links, group_class, pair_facts, query as link_facts, LinkClass, PairFacts};
 pub use nccl::dtype_code as nccl_dtype_code;
 pub use plugin::fields::{FusionOp, PluginConfig};
 pub use plugin::{requested, PluginCore};
 pub use tensor::{DataType, TensorDesc};
-pub use group::device::kernels as device_kernels;
-pub use launch::strategy::{builtin_tables, AutoTables, FusedChoice, NARROW_ROW};
-pub use launch::tuning;
-pub use error::{SelfTestFailure, SelfTestKind, SelfTestProblem};
-#[doc(hidden)]
-pub use group::selftest::{decide as self_test_decide, RankState, RankVerdict, SelfTestInjection, VERDICT_BYTES};
 
 /// The configuration (`crate::config`), what could not be parsed logged once.
 pub(crate) fn config() -> &'static config::Config {

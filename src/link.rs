@@ -46,12 +46,7 @@ pub enum LinkClass {
 }
 
 impl LinkClass {
-    pub const ALL: [LinkClass; 4] = [
-        LinkClass::SameDevice,
-        LinkClass::NvLink,
-        LinkClass::Pcie,
-        LinkClass::NoPeer,
-    ];
+    pub const ALL: [LinkClass; 4] = [LinkClass::SameDevice, LinkClass::NvLink, LinkClass::Pcie, LinkClass::NoPeer];
 
     /// The class as one byte of the multi-process exchange record (0 is no class: a record of a
     /// build that did not send one).
@@ -117,12 +112,7 @@ impl PairFacts {
         native_atomics: Option<bool>,
         perf_rank: Option<i32>,
     ) -> PairFacts {
-        PairFacts {
-            class: classify(same_device, access, native_atomics, perf_rank),
-            perf_rank,
-            native_atomics,
-            access,
-        }
+        PairFacts { class: classify(same_device, access, native_atomics, perf_rank), perf_rank, native_atomics, access }
     }
 
     /// Two ranks on one device: nothing to ask the driver.
@@ -134,7 +124,7 @@ impl PairFacts {
 /// The class of one ordered pair (the module documentation states the rule and its sources).
 /// `perf_rank` is taken so that every fact of a pair passes through one function, and decides
 /// nothing: it ranks one machine's links, not link kinds.
-pub fn classify(
+pub(crate) fn classify(
     same_device: bool,
     access: Option<bool>,
     native_atomics: Option<bool>,
@@ -151,11 +141,7 @@ pub fn classify(
 /// A group's class: its worst pair's (a call waits for its slowest link); `SameDevice` for no
 /// pairs (one rank: nothing crosses a link).
 pub fn group_class(facts: &[PairFacts]) -> LinkClass {
-    facts
-        .iter()
-        .map(|f| f.class)
-        .max()
-        .unwrap_or(LinkClass::SameDevice)
+    facts.iter().map(|f| f.class).max().unwrap_or(LinkClass::SameDevice)
 }
 
 /// The facts of every ordered pair of distinct ranks, rank `r` on `devices[r]`: ranks sharing a
@@ -165,11 +151,7 @@ pub fn pair_facts(devices: &[i32], query: impl Fn(i32, i32) -> PairFacts) -> Vec
     for (a, &da) in devices.iter().enumerate() {
         for (b, &db) in devices.iter().enumerate() {
             if a != b {
-                out.push(if da == db {
-                    PairFacts::same_device()
-                } else {
-                    query(da, db)
-                });
+                out.push(if da == db { PairFacts::same_device() } else { query(da, db) });
             }
         }
     }
@@ -216,10 +198,7 @@ pub fn describe(facts: &[PairFacts]) -> String {
             }
         }
         many => {
-            let parts: Vec<String> = many
-                .iter()
-                .map(|(c, n)| format!("{n} {} {}", c.name(), plural(*n)))
-                .collect();
+            let parts: Vec<String> = many.iter().map(|(c, n)| format!("{n} {} {}", c.name(), plural(*n))).collect();
             let _ = write!(line, "mixed: {}; ", parts.join(", "));
             line.push_str(&match worst {
                 LinkClass::NoPeer => "all-reduce uses NCCL".to_owned(),
@@ -227,27 +206,14 @@ pub fn describe(facts: &[PairFacts]) -> String {
             });
         }
     }
-    let unknown_atomics = facts
-        .iter()
-        .filter(|f| f.class == LinkClass::Pcie && f.native_atomics.is_none())
-        .count();
+    let unknown_atomics = facts.iter().filter(|f| f.class == LinkClass::Pcie && f.native_atomics.is_none()).count();
     if unknown_atomics > 0 {
-        let _ = write!(
-            line,
-            " (native atomics unknown for {unknown_atomics} {}: taken as PCIe)",
-            plural(unknown_atomics)
-        );
+        let _ =
+            write!(line, " (native atomics unknown for {unknown_atomics} {}: taken as PCIe)", plural(unknown_atomics));
     }
-    let unknown_access = facts
-        .iter()
-        .filter(|f| f.class == LinkClass::NoPeer && f.access.is_none())
-        .count();
+    let unknown_access = facts.iter().filter(|f| f.class == LinkClass::NoPeer && f.access.is_none()).count();
     if unknown_access > 0 {
-        let _ = write!(
-            line,
-            " (peer access unknown for {unknown_access} {}: taken as none)",
-            plural(unknown_access)
-        );
+        let _ = write!(line, " (peer access unknown for {unknown_access} {}: taken as none)", plural(unknown_access));
     }
     line
 }
@@ -277,22 +243,10 @@ mod tests {
         assert_eq!(classify(false, Some(true), Some(true), Some(0)), NvLink);
         assert_eq!(classify(false, Some(true), Some(false), Some(1)), Pcie);
         assert_eq!(classify(false, Some(false), Some(true), Some(0)), NoPeer);
-        assert_eq!(
-            classify(false, Some(true), None, None),
-            Pcie,
-            "atomics unknown: PCIe"
-        );
-        assert_eq!(
-            classify(false, None, Some(true), None),
-            NoPeer,
-            "access unknown: no peer"
-        );
+        assert_eq!(classify(false, Some(true), None, None), Pcie, "atomics unknown: PCIe");
+        assert_eq!(classify(false, None, Some(true), None), NoPeer, "access unknown: no peer");
         assert_eq!(classify(false, None, None, None), NoPeer);
-        assert_eq!(
-            classify(false, Some(true), Some(false), Some(0)),
-            Pcie,
-            "the perf rank decides nothing"
-        );
+        assert_eq!(classify(false, Some(true), Some(false), Some(0)), Pcie, "the perf rank decides nothing");
         assert!(SameDevice < NvLink && NvLink < Pcie && Pcie < NoPeer);
     }
 
@@ -307,54 +261,33 @@ mod tests {
         let f = topology(&[0, 1, 2, 3], |a, b| pcie((a / 2 != b / 2) as i32));
         assert_eq!(f.len(), 12);
         assert_eq!(group_class(&f), LinkClass::Pcie);
-        assert_eq!(
-            describe(&f),
-            "links: PCIe (all 12 pairs), P2P perf ranks 0-1"
-        );
+        assert_eq!(describe(&f), "links: PCIe (all 12 pairs), P2P perf ranks 0-1");
         let f = topology(&[0, 1], |_, _| pcie(1));
         assert_eq!(describe(&f), "links: PCIe (all 2 pairs), P2P perf rank 1");
         // NVLink bridges in pairs (0-1, 2-3), PCIe between them: the worst decides.
-        let f = topology(&[0, 1, 2, 3], |a, b| {
-            if a / 2 == b / 2 {
-                nvlink()
-            } else {
-                pcie(1)
-            }
-        });
+        let f = topology(&[0, 1, 2, 3], |a, b| if a / 2 == b / 2 { nvlink() } else { pcie(1) });
         assert_eq!(group_class(&f), LinkClass::Pcie);
-        assert_eq!(
-            describe(&f),
-            "links: mixed: 4 NVLink pairs, 8 PCIe pairs; AUTO uses the PCIe tables"
-        );
+        assert_eq!(describe(&f), "links: mixed: 4 NVLink pairs, 8 PCIe pairs; AUTO uses the PCIe tables");
         // One direction without peer access (an IOMMU / ACS setting).
         let f = topology(&[0, 1], |a, _| if a == 1 { no_peer() } else { pcie(0) });
         assert_eq!(group_class(&f), LinkClass::NoPeer);
         assert!(
-            describe(&f)
-                == "links: mixed: 1 PCIe pair, 1 no peer access pair; all-reduce uses NCCL",
+            describe(&f) == "links: mixed: 1 PCIe pair, 1 no peer access pair; all-reduce uses NCCL",
             "{}",
             describe(&f)
         );
         // No P2P at all (GeForce cards).
         let f = topology(&[0, 1], |_, _| no_peer());
         assert_eq!(group_class(&f), LinkClass::NoPeer);
-        assert_eq!(
-            describe(&f),
-            "links: no peer access (all 2 pairs), P2P perf rank 0"
-        );
+        assert_eq!(describe(&f), "links: no peer access (all 2 pairs), P2P perf rank 0");
     }
 
     #[test]
     fn missing_attributes_and_simulated_ranks() {
         // A driver that answers only the access question.
-        let f = topology(&[0, 1], |_, _| {
-            PairFacts::new(false, Some(true), None, None)
-        });
+        let f = topology(&[0, 1], |_, _| PairFacts::new(false, Some(true), None, None));
         assert_eq!(group_class(&f), LinkClass::Pcie);
-        assert_eq!(
-            describe(&f),
-            "links: PCIe (all 2 pairs) (native atomics unknown for 2 pairs: taken as PCIe)"
-        );
+        assert_eq!(describe(&f), "links: PCIe (all 2 pairs) (native atomics unknown for 2 pairs: taken as PCIe)");
         let f = topology(&[0, 1], |_, _| PairFacts::new(false, None, None, None));
         assert_eq!(group_class(&f), LinkClass::NoPeer);
         assert!(describe(&f).ends_with("(peer access unknown for 2 pairs: taken as none)"));

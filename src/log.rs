@@ -139,7 +139,10 @@ mod tests {
 
     #[test]
     fn a_message_kind_ignores_its_numbers() {
-        assert_eq!(kind("null tensor address (inputs [0], outputs [a0])"), "null tensor address (inputs [#], outputs [#])");
+        assert_eq!(
+            kind("null tensor address (inputs [0], outputs [a0])"),
+            "null tensor address (inputs [#], outputs [#])"
+        );
         assert_eq!(kind("device 3 (sm_90): CUDA_ERROR_OUT_OF_MEMORY"), "device # (sm_#): CUDA_ERROR_OUT_OF_MEMORY");
         assert_eq!(kind("0x7f00dead"), "#");
         assert_ne!(kind("unknown plugin field 'a'"), kind("unknown plugin field 'b'"), "words without digits are kept");
@@ -148,7 +151,8 @@ mod tests {
     #[test]
     fn a_churn_of_one_error_gives_nine_lines_then_one_per_power_of_ten() {
         let mut repeats = Repeats::default();
-        let lines: Vec<String> = (0..120_000u64).filter_map(|i| repeats.count(&format!("log test: enqueue failed at {i:#x}"))).collect();
+        let lines: Vec<String> =
+            (0..120_000u64).filter_map(|i| repeats.count(&format!("log test: enqueue failed at {i:#x}"))).collect();
         assert_eq!(lines.len(), 9 + 5, "1 to 9, then 10, 100, ... 100,000: {lines:?}");
         assert_eq!(lines[0], "log test: enqueue failed at 0x0");
         assert_eq!(lines[8], "log test: enqueue failed at 0x8");
@@ -161,7 +165,11 @@ mod tests {
     fn long_lines_are_cut_with_their_length_and_keys_stay_small() {
         let huge = format!("unknown plugin field '{}'", "x".repeat(1 << 20));
         let line = truncated(&huge);
-        assert!(line.len() < MAX_LINE + 64 && line.ends_with(&format!("[cut: the line is {} bytes]", huge.len())), "{}", &line[line.len() - 60..]);
+        assert!(
+            line.len() < MAX_LINE + 64 && line.ends_with(&format!("[cut: the line is {} bytes]", huge.len())),
+            "{}",
+            &line[line.len() - 60..]
+        );
         let multibyte = "é".repeat(MAX_LINE);
         assert!(truncated(&multibyte).starts_with("éé"), "cut at a character boundary");
         assert_eq!(truncated("short"), "short");

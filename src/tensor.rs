@@ -98,7 +98,12 @@ pub(crate) fn byte_count(count: usize, dtype: DataType) -> Result<u64> {
         .ok()
         .and_then(|c| c.checked_mul(dtype.size() as u64))
         .filter(|&b| b <= i64::MAX as u64)
-        .ok_or_else(|| Error::shape(format!("a tensor of {count} elements of {} bytes is larger than 2^63 - 1 bytes", dtype.size())))
+        .ok_or_else(|| {
+            Error::shape(format!(
+                "a tensor of {count} elements of {} bytes is larger than 2^63 - 1 bytes",
+                dtype.size()
+            ))
+        })
 }
 
 #[cfg(test)]
@@ -133,7 +138,11 @@ mod tests {
         // [INT64_MAX, 2]: 2^64 - 2 elements.
         let count = element_count(&desc(&[i64::MAX, 2], 1)).unwrap();
         assert!(byte_count(count, DataType::Half).is_err());
-        assert_eq!(byte_count((i64::MAX / 2) as usize, DataType::Half).unwrap(), i64::MAX as u64 - 1, "just under the bound");
+        assert_eq!(
+            byte_count((i64::MAX / 2) as usize, DataType::Half).unwrap(),
+            i64::MAX as u64 - 1,
+            "just under the bound"
+        );
     }
 
     #[test]

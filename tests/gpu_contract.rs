@@ -14,7 +14,9 @@
 
 use cudarc::driver::{sys, CudaContext, CudaSlice, CudaStream, DevicePtr as _};
 use edgellm_allreduce::abi::{edgellmAllReduceLastError, edgellmRegisterNcclCommForAllReducePlugin};
-use edgellm_allreduce::{DataType, DevicePtr, Error, Family, Fault, FusedCall, Group, PluginConfig, PluginCore, Stream, TensorDesc};
+use edgellm_allreduce::{
+    DataType, DevicePtr, Error, Family, Fault, FusedCall, Group, PluginConfig, PluginCore, Stream, TensorDesc,
+};
 use edgellm_test_support::{check_output, generate, POISON};
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::Duration;
@@ -123,7 +125,8 @@ fn a_skipped_rank_ends_its_peers_with_a_timeout_not_a_hang() {
             assert_eq!(group.fault(), Some(Fault::TimedOut), "{op:?}, {nranks} ranks");
             assert_eq!(edgellmAllReduceLastError(0), 1, "the C API reads the same fault word");
             for r in 0..nranks {
-                let refused = launch(&group, r, op, &streams[r as usize]).expect_err("a group with a fault launches nothing");
+                let refused =
+                    launch(&group, r, op, &streams[r as usize]).expect_err("a group with a fault launches nothing");
                 assert!(matches!(refused, Error::GroupFault { device: 0, .. }), "{refused}");
             }
             cases += 1;
@@ -149,13 +152,32 @@ fn a_skipped_rank_ends_its_peers_with_a_timeout_not_a_hang() {
 
 /// One all-reduce of `inputs` on both ranks of `group`, forked from `origin` and joined back
 /// (as one graph can capture it): rank r on `streams[r]`, into `outputs[r]`.
-fn fork_join(ctx: &Arc<CudaContext>, group: &Arc<Group>, origin: &Arc<CudaStream>, streams: &[Arc<CudaStream>], inputs: &[CudaSlice<u8>], outputs: &[CudaSlice<u8>], count: usize) {
+fn fork_join(
+    ctx: &Arc<CudaContext>,
+    group: &Arc<Group>,
+    origin: &Arc<CudaStream>,
+    streams: &[Arc<CudaStream>],
+    inputs: &[CudaSlice<u8>],
+    outputs: &[CudaSlice<u8>],
+    count: usize,
+) {
     let fork = ctx.new_event(None).unwrap();
     fork.record(origin).unwrap();
     for (r, s) in streams.iter().enumerate() {
         s.wait(&fork).unwrap();
         // SAFETY: device buffers of `count` elements; both ranks launch the same call.
-        unsafe { group.launch(r as i32, Family::Lamport, DataType::Bf16, ptr(&inputs[r], s), ptr(&outputs[r], s), count, stream_of(s)) }.unwrap();
+        unsafe {
+            group.launch(
+                r as i32,
+                Family::Lamport,
+                DataType::Bf16,
+                ptr(&inputs[r], s),
+                ptr(&outputs[r], s),
+                count,
+                stream_of(s),
+            )
+        }
+        .unwrap();
         group.hold_for_capture(stream_of(s)).unwrap();
         origin.join(s).unwrap();
     }
@@ -180,7 +202,8 @@ fn capture(ctx: &Arc<CudaContext>) -> Captured {
     let origin = ctx.new_stream().unwrap();
     let streams: Vec<_> = (0..2).map(|_| ctx.new_stream().unwrap()).collect();
     let mut reference = vec![0f64; count];
-    let host: Vec<Vec<u8>> = (0..2).map(|r| generate(count, DataType::Bf16, r as u64 + 11, Some(&mut reference))).collect();
+    let host: Vec<Vec<u8>> =
+        (0..2).map(|r| generate(count, DataType::Bf16, r as u64 + 11, Some(&mut reference))).collect();
     let inputs: Vec<_> = host.iter().map(|h| origin.clone_htod(h).unwrap()).collect();
     let poison = vec![POISON; count * 2];
     let outputs: Vec<_> = (0..2).map(|_| origin.clone_htod(&poison).unwrap()).collect();
@@ -235,11 +258,16 @@ fn a_graph_keeps_the_group_it_captured_and_a_replay_after_the_release_writes_onl
     for (r, out) in c.outputs.iter().enumerate() {
         let bytes = c.origin.clone_dtoh(out).unwrap();
         let check = check_output(&bytes, &c.reference, DataType::Bf16);
-        assert!(check.first_bad.is_none() && check.rel_err < check.tolerance, "rank {r}: the replay before the release");
+        assert!(
+            check.first_bad.is_none() && check.rel_err < check.tolerance,
+            "rank {r}: the replay before the release"
+        );
     }
     assert_eq!(c.group.fault(), None);
     release_then_replay(c);
-    println!("graph lifetime: correct replay, release, replay that only wrote NaN (fault 3), memory freed after the graph");
+    println!(
+        "graph lifetime: correct replay, release, replay that only wrote NaN (fault 3), memory freed after the graph"
+    );
 }
 
 /// The same without the replay before the release, whose two ranks must run at once: this one
@@ -284,13 +312,17 @@ fn two_streams_at_once_one_runs_the_custom_kernel_the_other_nccl() {
     // Device 0 registered as Edge-LLM does (a stand-in NCCL: no group forms by itself), then rank
     // 0 of a simulated group installed for it; rank 1 is driven directly.
     let comm = 0xc0 as *mut std::ffi::c_void;
-    assert!(edgellmRegisterNcclCommForAllReducePlugin(0, comm, fake_nccl_all_reduce as *mut std::ffi::c_void));
+    // SAFETY: a stand-in communicator that only the stand-in ncclAllReduce reads.
+    assert!(unsafe {
+        edgellmRegisterNcclCommForAllReducePlugin(0, comm, fake_nccl_all_reduce as *mut std::ffi::c_void)
+    });
     let group = Arc::new(Group::simulated(0, 2, 1 << 20).unwrap());
     edgellm_allreduce::install_for_tests(0, group.clone(), 0);
     let plugin = PluginCore::new(PluginConfig::with_tp_size(2).unwrap()).unwrap();
 
     let mut reference = vec![0f64; count];
-    let host: Vec<Vec<u8>> = (0..2).map(|r| generate(count, DataType::Bf16, r as u64 + 21, Some(&mut reference))).collect();
+    let host: Vec<Vec<u8>> =
+        (0..2).map(|r| generate(count, DataType::Bf16, r as u64 + 21, Some(&mut reference))).collect();
     let streams: Vec<_> = (0..2).map(|_| ctx.new_stream().unwrap()).collect();
     let rank1 = ctx.new_stream().unwrap();
     let inputs: Vec<_> = (0..2).map(|_| rank1.clone_htod(&host[0]).unwrap()).collect();
@@ -310,25 +342,47 @@ fn two_streams_at_once_one_runs_the_custom_kernel_the_other_nccl() {
                 scope.spawn(move || {
                     ctx.bind_to_thread().unwrap();
                     start.wait();
-                    plugin.enqueue(&[bf16_desc(count)], &[bf16_desc(count)], &[input], &[output], s.cu_stream() as usize).unwrap();
+                    plugin
+                        .enqueue(&[bf16_desc(count)], &[bf16_desc(count)], &[input], &[output], s.cu_stream() as usize)
+                        .unwrap();
                 });
             }
         });
         let nccl = NCCL_STREAMS.lock().unwrap().clone();
         assert_eq!(nccl.len(), 1, "round {round}: exactly one of the two streams went to NCCL: {nccl:?}");
-        let custom = streams.iter().position(|s| s.cu_stream() as usize != nccl[0]).expect("the other stream ran the kernel");
+        let custom =
+            streams.iter().position(|s| s.cu_stream() as usize != nccl[0]).expect("the other stream ran the kernel");
         // Rank 1's part of the custom call, so that it completes.
         // SAFETY: device buffers of `count` elements; the same call as rank 0's.
-        unsafe { group.launch(1, Family::Lamport, DataType::Bf16, ptr(&in1, &rank1), ptr(&out1, &rank1), count, stream_of(&rank1)) }.unwrap();
+        unsafe {
+            group.launch(
+                1,
+                Family::Lamport,
+                DataType::Bf16,
+                ptr(&in1, &rank1),
+                ptr(&out1, &rank1),
+                count,
+                stream_of(&rank1),
+            )
+        }
+        .unwrap();
         rank1.synchronize().unwrap();
         streams[custom].synchronize().unwrap();
         for bytes in [streams[custom].clone_dtoh(&outputs[custom]).unwrap(), rank1.clone_dtoh(&out1).unwrap()] {
             let check = check_output(&bytes, &reference, DataType::Bf16);
-            assert!(check.first_bad.is_none() && check.rel_err < check.tolerance, "round {round}: the custom call's sum");
+            assert!(
+                check.first_bad.is_none() && check.rel_err < check.tolerance,
+                "round {round}: the custom call's sum"
+            );
         }
-        assert_eq!(*owner.get_or_insert(custom), custom, "round {round}: the stream that won the first round keeps the group");
+        assert_eq!(
+            *owner.get_or_insert(custom),
+            custom,
+            "round {round}: the stream that won the first round keeps the group"
+        );
     }
     assert_eq!(group.fault(), None);
-    assert!(edgellm_allreduce::abi::edgellmUnregisterNcclCommForAllReducePlugin(0, comm));
+    // SAFETY: only compared.
+    assert!(unsafe { edgellm_allreduce::abi::edgellmUnregisterNcclCommForAllReducePlugin(0, comm) });
     println!("two streams: the first owns the group, the other ran NCCL, three rounds");
 }

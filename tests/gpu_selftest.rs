@@ -23,8 +23,8 @@
 
 use cudarc::driver::{CudaStream, DevicePtr as _};
 use edgellm_allreduce::{
-    self_test_decide, DataType, DevicePtr, Error, Family, Group, RankState, RankVerdict,
-    SelfTestFailure, SelfTestInjection, SelfTestKind, Stream,
+    self_test_decide, DataType, DevicePtr, Error, Family, Group, RankState, RankVerdict, SelfTestFailure,
+    SelfTestInjection, SelfTestKind, Stream,
 };
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -56,10 +56,7 @@ fn failure(result: edgellm_allreduce::Result<()>) -> SelfTestFailure {
 }
 
 /// The in-process self-test of `group`, timed; fails on a hang.
-fn in_process(
-    group: &Group,
-    inject: &SelfTestInjection,
-) -> (edgellm_allreduce::Result<()>, Duration) {
+fn in_process(group: &Group, inject: &SelfTestInjection) -> (edgellm_allreduce::Result<()>, Duration) {
     let start = Instant::now();
     let result = group.self_test(inject);
     let took = start.elapsed();
@@ -70,9 +67,7 @@ fn in_process(
 /// The per-rank self-test of `group`, timed; fails on a hang.
 fn each_rank(group: &Group, inject: &SelfTestInjection) -> Vec<RankVerdict> {
     let start = Instant::now();
-    let verdicts = group
-        .self_test_each_rank(inject)
-        .expect("every rank's part could be set up");
+    let verdicts = group.self_test_each_rank(inject).expect("every rank's part could be set up");
     let took = start.elapsed();
     assert!(took < HANG, "the self-test took {took:?}");
     assert_eq!(verdicts.len(), group.nranks as usize);
@@ -83,11 +78,7 @@ fn each_rank(group: &Group, inject: &SelfTestInjection) -> Vec<RankVerdict> {
 /// does): all reach `expected`.
 fn every_rank_decides(verdicts: &[RankVerdict], expected: &Result<(), SelfTestFailure>) {
     for rank in 0..verdicts.len() {
-        assert_eq!(
-            &self_test_decide(verdicts),
-            expected,
-            "rank {rank}'s decision"
-        );
+        assert_eq!(&self_test_decide(verdicts), expected, "rank {rank}'s decision");
     }
 }
 
@@ -103,36 +94,17 @@ fn all_reduce_is_correct(group: &Group, streams: &[Arc<CudaStream>], seed: u64) 
     let count = 8192;
     let dtype = DataType::Bf16;
     let mut reference = vec![0f64; count];
-    let inputs: Vec<Vec<u8>> = (0..group.nranks)
-        .map(|r| data::generate(count, dtype, seed + r as u64, Some(&mut reference)))
-        .collect();
-    let bufs: Vec<_> = inputs
-        .iter()
-        .zip(streams)
-        .map(|(h, s)| s.clone_htod(h).unwrap())
-        .collect();
-    let outs: Vec<_> = streams
-        .iter()
-        .map(|s| s.clone_htod(&vec![data::POISON; count * 2]).unwrap())
-        .collect();
+    let inputs: Vec<Vec<u8>> =
+        (0..group.nranks).map(|r| data::generate(count, dtype, seed + r as u64, Some(&mut reference))).collect();
+    let bufs: Vec<_> = inputs.iter().zip(streams).map(|(h, s)| s.clone_htod(h).unwrap()).collect();
+    let outs: Vec<_> = streams.iter().map(|s| s.clone_htod(&vec![data::POISON; count * 2]).unwrap()).collect();
     streams.iter().for_each(|s| s.synchronize().unwrap());
     for (rank, s) in streams.iter().enumerate() {
-        let (input, output) = (
-            DevicePtr(bufs[rank].device_ptr(s).0),
-            DevicePtr(outs[rank].device_ptr(s).0),
-        );
+        let (input, output) = (DevicePtr(bufs[rank].device_ptr(s).0), DevicePtr(outs[rank].device_ptr(s).0));
         // SAFETY: device buffers of `count` elements (fresh allocations, 16-byte aligned); every
         // rank launches the same call.
         unsafe {
-            group.launch(
-                rank as i32,
-                Family::Lamport,
-                dtype,
-                input,
-                output,
-                count,
-                Stream(s.cu_stream() as usize),
-            )
+            group.launch(rank as i32, Family::Lamport, dtype, input, output, count, Stream(s.cu_stream() as usize))
         }
         .unwrap();
     }
@@ -160,23 +132,14 @@ fn a_healthy_simulated_group_passes() {
         // second round must not pass on the first round's tokens, and does not need to.
         for round in 1..=2 {
             let (result, took) = in_process(&group, &SelfTestInjection::default());
-            assert!(
-                result.is_ok(),
-                "{nranks} ranks, round {round}: {}",
-                result.unwrap_err()
-            );
+            assert!(result.is_ok(), "{nranks} ranks, round {round}: {}", result.unwrap_err());
             println!("healthy, {nranks} ranks, round {round}: passed in {took:?}");
         }
         let verdicts = each_rank(&group, &SelfTestInjection::default());
         for v in &verdicts {
             assert_eq!(v.state, RankState::Finished, "{v:?}");
             assert!(all_passed_but(v, &[]), "{v:?}");
-            assert!(
-                v.elapsed_ns < 1_000_000_000,
-                "rank {} took {} ns",
-                v.rank,
-                v.elapsed_ns
-            );
+            assert!(v.elapsed_ns < 1_000_000_000, "rank {} took {} ns", v.rank, v.elapsed_ns);
         }
         every_rank_decides(&verdicts, &Ok(()));
         all_reduce_is_correct(&group, &streams, 100);
@@ -196,11 +159,7 @@ fn a_dropped_write_is_named_write_lost_on_every_rank() {
         let (from, to) = if from == to { (1, 0) } else { (from, to) };
         watchdog.at(format!("write {from} -> {to} dropped, {nranks} ranks"));
         let group = Group::simulated(0, nranks, 1 << 20).unwrap();
-        let inject = SelfTestInjection {
-            drop_writes: vec![(from, to)],
-            bound: bound(50),
-            ..Default::default()
-        };
+        let inject = SelfTestInjection { drop_writes: vec![(from, to)], bound: bound(50), ..Default::default() };
         let (result, took) = in_process(&group, &inject);
         let f = failure(result);
         assert_eq!(
@@ -214,32 +173,19 @@ fn a_dropped_write_is_named_write_lost_on_every_rank() {
 
         let verdicts = each_rank(&group, &inject);
         for v in &verdicts {
-            assert_eq!(
-                v.state,
-                RankState::Finished,
-                "every kernel ends at its bound: {v:?}"
-            );
+            assert_eq!(v.state, RankState::Finished, "every kernel ends at its bound: {v:?}");
             if v.rank == to {
                 assert_eq!(v.write[from as usize], NOT_SEEN, "{v:?}");
-                assert_eq!(
-                    v.read[from as usize], PASSED,
-                    "the reads of rank {from} work: {v:?}"
-                );
+                assert_eq!(v.read[from as usize], PASSED, "the reads of rank {from} work: {v:?}");
                 assert!(all_passed_but(v, &[from as usize]), "{v:?}");
             } else {
                 assert!(all_passed_but(v, &[]), "{v:?}");
             }
         }
         let decided = self_test_decide(&verdicts);
-        assert_eq!(
-            decided.as_ref().map_err(|f| (f.kind, f.a, f.b)),
-            Err((SelfTestKind::WriteLost, from, Some(to)))
-        );
+        assert_eq!(decided.as_ref().map_err(|f| (f.kind, f.a, f.b)), Err((SelfTestKind::WriteLost, from, Some(to))));
         every_rank_decides(&verdicts, &decided);
-        assert!(
-            !group.is_retired(),
-            "a failed self-test leaves the decision to the caller"
-        );
+        assert!(!group.is_retired(), "a failed self-test leaves the decision to the caller");
     }
 }
 
@@ -249,43 +195,18 @@ fn garbled_tokens_are_named_write_wrong_and_read_wrong() {
     let _ctx = gpu();
     let _watchdog = Watchdog::of("garbled tokens", Duration::from_secs(60));
     let group = Group::simulated(0, 4, 1 << 20).unwrap();
-    let inject = SelfTestInjection {
-        garble_writes: vec![(2, 3)],
-        bound: bound(50),
-        ..Default::default()
-    };
+    let inject = SelfTestInjection { garble_writes: vec![(2, 3)], bound: bound(50), ..Default::default() };
     let f = failure(in_process(&group, &inject).0);
-    assert_eq!(
-        (f.kind, f.a, f.b),
-        (SelfTestKind::WriteWrong, 2, Some(3)),
-        "{f}"
-    );
+    assert_eq!((f.kind, f.a, f.b), (SelfTestKind::WriteWrong, 2, Some(3)), "{f}");
     // Rank 3's own slot garbled: every peer's read of it is wrong; the lowest pair is reported.
-    let inject = SelfTestInjection {
-        garble_own_slot: vec![3],
-        bound: bound(50),
-        ..Default::default()
-    };
+    let inject = SelfTestInjection { garble_own_slot: vec![3], bound: bound(50), ..Default::default() };
     let f = failure(in_process(&group, &inject).0);
-    assert_eq!(
-        (f.kind, f.a, f.b),
-        (SelfTestKind::ReadWrong, 0, Some(3)),
-        "{f}"
-    );
+    assert_eq!((f.kind, f.a, f.b), (SelfTestKind::ReadWrong, 0, Some(3)), "{f}");
     let others: Vec<_> = f.others.iter().map(|p| (p.kind, p.a, p.b)).collect();
-    assert_eq!(
-        others,
-        [
-            (SelfTestKind::ReadWrong, 1, Some(3)),
-            (SelfTestKind::ReadWrong, 2, Some(3))
-        ]
-    );
+    assert_eq!(others, [(SelfTestKind::ReadWrong, 1, Some(3)), (SelfTestKind::ReadWrong, 2, Some(3))]);
     let verdicts = each_rank(&group, &inject);
     every_rank_decides(&verdicts, &self_test_decide(&verdicts));
-    assert_eq!(
-        self_test_decide(&verdicts).unwrap_err().problem(),
-        f.problem()
-    );
+    assert_eq!(self_test_decide(&verdicts).unwrap_err().problem(), f.problem());
     // And the same workspaces pass a clean round afterwards.
     assert!(in_process(&group, &SelfTestInjection::default()).0.is_ok());
 }
@@ -299,55 +220,26 @@ fn a_rank_never_launched_is_named_and_the_others_end_within_the_bound() {
         let missing = nranks / 2;
         watchdog.at(format!("rank {missing} of {nranks} never launched"));
         let group = Group::simulated(0, nranks, 1 << 20).unwrap();
-        let inject = SelfTestInjection {
-            not_launched: vec![missing],
-            bound: bound(50),
-            ..Default::default()
-        };
+        let inject = SelfTestInjection { not_launched: vec![missing], bound: bound(50), ..Default::default() };
         let (result, took) = in_process(&group, &inject);
         let f = failure(result);
-        assert_eq!(
-            (f.kind, f.a, f.b),
-            (SelfTestKind::NotRun, missing, None),
-            "{f}"
-        );
-        assert!(
-            f.others.is_empty(),
-            "the timeouts on the missing rank are not reported apart: {f}"
-        );
+        assert_eq!((f.kind, f.a, f.b), (SelfTestKind::NotRun, missing, None), "{f}");
+        assert!(f.others.is_empty(), "the timeouts on the missing rank are not reported apart: {f}");
         println!("{nranks} ranks, rank {missing} never launched: failed in {took:?}: {f}");
 
         let verdicts = each_rank(&group, &inject);
         for v in &verdicts {
             if v.rank == missing {
-                assert_eq!(
-                    v.state,
-                    RankState::NotRun,
-                    "its verdict never arrived: {v:?}"
-                );
+                assert_eq!(v.state, RankState::NotRun, "its verdict never arrived: {v:?}");
                 continue;
             }
-            assert_eq!(
-                v.state,
-                RankState::Finished,
-                "a launched rank ends at its bound: {v:?}"
-            );
-            assert_eq!(
-                (v.write[missing as usize], v.read[missing as usize]),
-                (NOT_SEEN, NOT_SEEN),
-                "{v:?}"
-            );
+            assert_eq!(v.state, RankState::Finished, "a launched rank ends at its bound: {v:?}");
+            assert_eq!((v.write[missing as usize], v.read[missing as usize]), (NOT_SEEN, NOT_SEEN), "{v:?}");
             assert!(all_passed_but(v, &[missing as usize]), "{v:?}");
-            assert!(
-                v.elapsed_ns >= 50_000_000 && v.elapsed_ns < 1_000_000_000,
-                "waited the bound, no more: {v:?}"
-            );
+            assert!(v.elapsed_ns >= 50_000_000 && v.elapsed_ns < 1_000_000_000, "waited the bound, no more: {v:?}");
         }
         let decided = self_test_decide(&verdicts);
-        assert_eq!(
-            decided.as_ref().map_err(|f| (f.kind, f.a, f.b)),
-            Err((SelfTestKind::NotRun, missing, None))
-        );
+        assert_eq!(decided.as_ref().map_err(|f| (f.kind, f.a, f.b)), Err((SelfTestKind::NotRun, missing, None)));
         every_rank_decides(&verdicts, &decided);
     }
 }
@@ -373,19 +265,9 @@ fn a_kernel_running_past_the_hosts_deadline_is_reported_and_its_group_retired() 
         took < Duration::from_millis(2_500),
         "the host waited for the kernel ({took:?}): it must give up at its own deadline"
     );
-    assert_eq!(
-        (f.kind, f.a, f.b),
-        (SelfTestKind::DidNotFinish, 0, None),
-        "{f}"
-    );
-    assert!(
-        f.kernels_may_still_run() && f.to_string().contains("never freed"),
-        "{f}"
-    );
-    assert!(
-        group.is_retired(),
-        "a group whose self-test left a kernel running takes no more launches"
-    );
+    assert_eq!((f.kind, f.a, f.b), (SelfTestKind::DidNotFinish, 0, None), "{f}");
+    assert!(f.kernels_may_still_run() && f.to_string().contains("never freed"), "{f}");
+    assert!(group.is_retired(), "a group whose self-test left a kernel running takes no more launches");
     // Dropping it leaks its memory (logged) instead of waiting for the device.
     drop(group);
     // Let the kernel end before the next test uses the device.
@@ -403,11 +285,8 @@ fn under_a_sanitizer_the_self_test_touches_only_its_memory() {
     let _watchdog = Watchdog::of("the self-test under a sanitizer", Duration::from_secs(280));
     for nranks in [2, 4] {
         let group = Group::simulated(0, nranks, 1 << 20).unwrap();
-        let inject = SelfTestInjection {
-            bound: bound(200),
-            host_wait: Some(Duration::from_secs(120)),
-            ..Default::default()
-        };
+        let inject =
+            SelfTestInjection { bound: bound(200), host_wait: Some(Duration::from_secs(120)), ..Default::default() };
         match group.self_test(&inject) {
             Ok(()) => println!("{nranks} ranks: passed (kernels ran concurrently)"),
             Err(Error::SelfTest(f)) => {
@@ -416,25 +295,16 @@ fn under_a_sanitizer_the_self_test_touches_only_its_memory() {
                     "only timeouts on later ranks: {f}"
                 );
                 assert!(!f.kernels_may_still_run(), "{f}");
-                println!(
-                    "{nranks} ranks: {:?} {} -> {:?} (kernels serialized)",
-                    f.kind, f.a, f.b
-                );
+                println!("{nranks} ranks: {:?} {} -> {:?} (kernels serialized)", f.kind, f.a, f.b);
             }
             Err(e) => panic!("{nranks} ranks: {e}"),
         }
         // The last rank to run sees every peer, which ran before it or beside it.
         let verdicts = each_rank_under_sanitizer(&group, &inject);
-        assert!(
-            verdicts.iter().all(|v| v.state == RankState::Finished),
-            "{verdicts:?}"
-        );
+        assert!(verdicts.iter().all(|v| v.state == RankState::Finished), "{verdicts:?}");
         // A faulty write must still be found when kernels are serialized: the pair's writer
         // never writes, so its reader cannot see it however the kernels run.
-        let dropped = SelfTestInjection {
-            drop_writes: vec![(0, 1)],
-            ..inject.clone()
-        };
+        let dropped = SelfTestInjection { drop_writes: vec![(0, 1)], ..inject.clone() };
         let verdicts = each_rank_under_sanitizer(&group, &dropped);
         assert_eq!(verdicts[1].write[0], NOT_SEEN, "{:?}", verdicts[1]);
     }
@@ -442,7 +312,5 @@ fn under_a_sanitizer_the_self_test_touches_only_its_memory() {
 
 /// [`each_rank`] without its hang bound (the sanitizer makes each kernel's launch slow).
 fn each_rank_under_sanitizer(group: &Group, inject: &SelfTestInjection) -> Vec<RankVerdict> {
-    group
-        .self_test_each_rank(inject)
-        .expect("every rank's part could be set up")
+    group.self_test_each_rank(inject).expect("every rank's part could be set up")
 }

@@ -71,7 +71,10 @@ fn every_family_type_and_rank_count_on_simulated_ranks() {
                         .collect();
                     let outputs = all_reduce(&group, &streams, family, dtype, &inputs, in_place);
                     for (rank, out) in outputs.iter().enumerate() {
-                        assert!(out == &outputs[0], "rank {rank} differs from rank 0: {family:?} {dtype:?} n={nranks} count={count}");
+                        assert!(
+                            out == &outputs[0],
+                            "rank {rank} differs from rank 0: {family:?} {dtype:?} n={nranks} count={count}"
+                        );
                     }
                     let check = check_output(&outputs[0], &reference, dtype);
                     assert!(

@@ -93,7 +93,10 @@ impl Case {
 
     /// The rows of a mode and sweep (fused or plain) when `--strategies` is not given.
     pub fn defaults(mode: Mode, fused: bool) -> Vec<Case> {
-        Case::ALL.into_iter().filter(|c| c.runs_in(mode) && c.is_fused() == fused && !matches!(c, Case::Split(_))).collect()
+        Case::ALL
+            .into_iter()
+            .filter(|c| c.runs_in(mode) && c.is_fused() == fused && !matches!(c, Case::Split(_)))
+            .collect()
     }
 
     pub fn runs_in(self, mode: Mode) -> bool {
@@ -105,7 +108,15 @@ impl Case {
 
     /// A row of the fused sweep (all-reduce + residual + RMSNorm of a shape).
     pub fn is_fused(self) -> bool {
-        matches!(self, Case::Fused(_) | Case::FusedAuto | Case::ArThenNorm | Case::NcclThenNorm | Case::PluginFused | Case::Split(_))
+        matches!(
+            self,
+            Case::Fused(_)
+                | Case::FusedAuto
+                | Case::ArThenNorm
+                | Case::NcclThenNorm
+                | Case::PluginFused
+                | Case::Split(_)
+        )
     }
 
     /// AUTO and the plugin choose among the others: they are not candidates for "best".
@@ -206,7 +217,8 @@ pub fn parse_dims(s: &str) -> Result<(u64, u32), String> {
 }
 
 /// The default shapes of the fused sweep: decode, tokens {1, 8, 32, 128} × hidden {4096, 8192}.
-pub const DEFAULT_SHAPES: [(u64, u32); 8] = [(1, 4096), (1, 8192), (8, 4096), (8, 8192), (32, 4096), (32, 8192), (128, 4096), (128, 8192)];
+pub const DEFAULT_SHAPES: [(u64, u32); 8] =
+    [(1, 4096), (1, 8192), (8, 4096), (8, 8192), (32, 4096), (32, 8192), (128, 4096), (128, 8192)];
 
 /// The shapes of the sweep: `dims` sorted by (tokens, hidden), deduplicated, with the bias
 /// given by `bias`.
@@ -221,7 +233,8 @@ pub fn shapes(dims: &[(u64, u32)], bias: BiasMode) -> Vec<Shape> {
     hiddens.dedup();
     let mut out = Vec::new();
     for (t, h) in dims {
-        let checker = (tokens.iter().position(|&x| x == t).unwrap() + hiddens.iter().position(|&x| x == h).unwrap()) % 2 == 1;
+        let checker =
+            (tokens.iter().position(|&x| x == t).unwrap() + hiddens.iter().position(|&x| x == h).unwrap()) % 2 == 1;
         let with = match bias {
             BiasMode::Half => vec![checker],
             BiasMode::On => vec![true],
@@ -284,7 +297,10 @@ mod tests {
         }
         assert_eq!(Case::parse(" OneShot "), Some(Case::Custom(Family::OneShot)));
         assert_eq!(Case::parse("fast"), None);
-        assert_eq!(Case::defaults(Mode::Sim, false).iter().map(|c| c.name()).collect::<Vec<_>>(), ["oneshot", "twoshot", "lamport", "auto"]);
+        assert_eq!(
+            Case::defaults(Mode::Sim, false).iter().map(|c| c.name()).collect::<Vec<_>>(),
+            ["oneshot", "twoshot", "lamport", "auto"]
+        );
         assert_eq!(Case::defaults(Mode::Real, false).len(), 6);
         assert!(Case::Auto.is_meta() && Case::Plugin.is_meta() && !Case::Nccl.is_meta());
         assert_eq!(

@@ -6,10 +6,10 @@
 //! on every rank (tensor parallelism). Every buffer is a fresh `cuMemAlloc` (256-byte aligned).
 
 use crate::case::{Case, Shape};
-use edgellm_test_support::{self as data, OutputCheck, SharedInputs};
 use crate::gpu::{memset_async, DevBuf, Res};
 use cudarc::driver::{CudaContext, CudaStream};
 use edgellm_allreduce::{DataType, DeviceKernels, DevicePtr, Family, FusedCall, Group, Stream};
+use edgellm_test_support::{self as data, OutputCheck, SharedInputs};
 use std::sync::Arc;
 
 /// The RMSNorm epsilon of every fused row: the fused plugin's default (its `eps` field).
@@ -107,9 +107,14 @@ impl FusedBufs {
 
 /// Checks of downloaded (normed, residual_out) pairs, one per rank, in rank order (one thread
 /// per output: the references are up to a few million elements).
-pub fn check_all(outputs: &[(Vec<u8>, Vec<u8>)], reference: &(Vec<f64>, Vec<f64>), dtype: DataType) -> Vec<OutputCheck> {
+pub fn check_all(
+    outputs: &[(Vec<u8>, Vec<u8>)],
+    reference: &(Vec<f64>, Vec<f64>),
+    dtype: DataType,
+) -> Vec<OutputCheck> {
     std::thread::scope(|s| {
-        let handles: Vec<_> = outputs.iter().map(|(n, r)| s.spawn(move || data::check_fused(n, r, reference, dtype))).collect();
+        let handles: Vec<_> =
+            outputs.iter().map(|(n, r)| s.spawn(move || data::check_fused(n, r, reference, dtype))).collect();
         handles.into_iter().flat_map(|h| h.join().expect("check thread")).collect()
     })
 }
@@ -135,10 +140,14 @@ pub unsafe fn enqueue_custom(
     let call = bufs.call(shape, eps);
     let stream = Stream(stream);
     match op {
-        FusedOp::Fused(f) => group.launch_fused(rank as i32, f, dtype, &call, stream).map_err(|e| format!("launch_fused of rank {rank}: {e}")),
+        FusedOp::Fused(f) => group
+            .launch_fused(rank as i32, f, dtype, &call, stream)
+            .map_err(|e| format!("launch_fused of rank {rank}: {e}")),
         FusedOp::ArThenNorm(f) => {
             let tmp = DevicePtr(bufs.tmp.ptr);
-            group.launch(rank as i32, f, dtype, call.x, tmp, shape.count(), stream).map_err(|e| format!("launch of rank {rank}: {e}"))?;
+            group
+                .launch(rank as i32, f, dtype, call.x, tmp, shape.count(), stream)
+                .map_err(|e| format!("launch of rank {rank}: {e}"))?;
             call.launch_norm(kernels, dtype, tmp, stream).map_err(|e| format!("launch_norm of rank {rank}: {e}"))
         }
         FusedOp::NcclThenNorm | FusedOp::Plugin => Err(format!("{op:?} is not a custom op")),

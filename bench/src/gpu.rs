@@ -124,17 +124,22 @@ pub struct EmptyKernel {
 unsafe impl Send for EmptyKernel {}
 unsafe impl Sync for EmptyKernel {}
 
-const EMPTY_PTX: &str = ".version 7.0\n.target sm_70\n.address_size 64\n.visible .entry edgellm_bench_empty()\n{\n\tret;\n}\n\0";
+const EMPTY_PTX: &str =
+    ".version 7.0\n.target sm_70\n.address_size 64\n.visible .entry edgellm_bench_empty()\n{\n\tret;\n}\n\0";
 
 impl EmptyKernel {
     pub fn new(ctx: &Arc<CudaContext>) -> Res<EmptyKernel> {
         ctx.bind_to_thread().ctx("binding the context")?;
         let mut module = std::ptr::null_mut();
         // SAFETY: NUL-terminated PTX text; valid out-pointer.
-        check("cuModuleLoadData (empty kernel)", unsafe { sys::cuModuleLoadData(&mut module, EMPTY_PTX.as_ptr().cast()) })?;
+        check("cuModuleLoadData (empty kernel)", unsafe {
+            sys::cuModuleLoadData(&mut module, EMPTY_PTX.as_ptr().cast())
+        })?;
         let mut func = std::ptr::null_mut();
         // SAFETY: the module was just loaded; the name is NUL-terminated.
-        let got = check("cuModuleGetFunction", unsafe { sys::cuModuleGetFunction(&mut func, module, c"edgellm_bench_empty".as_ptr()) });
+        let got = check("cuModuleGetFunction", unsafe {
+            sys::cuModuleGetFunction(&mut func, module, c"edgellm_bench_empty".as_ptr())
+        });
         let kernel = EmptyKernel { module, func, ctx: ctx.clone() };
         got.map(|_| kernel)
     }
@@ -142,7 +147,19 @@ impl EmptyKernel {
     pub fn launch(&self, stream: &CudaStream) -> Res<()> {
         // SAFETY: a kernel without parameters, one block of 32 threads, no shared memory.
         check("cuLaunchKernel (empty kernel)", unsafe {
-            sys::cuLaunchKernel(self.func, 1, 1, 1, 32, 1, 1, 0, stream.cu_stream(), std::ptr::null_mut(), std::ptr::null_mut())
+            sys::cuLaunchKernel(
+                self.func,
+                1,
+                1,
+                1,
+                32,
+                1,
+                1,
+                0,
+                stream.cu_stream(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+            )
         })
     }
 }
@@ -191,7 +208,9 @@ impl Gate {
     pub fn new() -> Res<Gate> {
         let mut p: *mut std::ffi::c_void = std::ptr::null_mut();
         // SAFETY: valid out-pointer; 4 bytes.
-        check("cuMemHostAlloc", unsafe { sys::cuMemHostAlloc(&mut p, 64, sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP) })?;
+        check("cuMemHostAlloc", unsafe {
+            sys::cuMemHostAlloc(&mut p, 64, sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP)
+        })?;
         let word = p.cast::<u32>();
         // SAFETY: freshly allocated, aligned, exclusively ours.
         unsafe { word.write_volatile(0) };

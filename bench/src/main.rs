@@ -23,7 +23,12 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 #[derive(Parser)]
-#[command(name = "edgellm-allreduce-bench", version, about = "Benchmark of edgellm-allreduce's all-reduce paths (custom kernels, AUTO, plugin, NCCL)", args_conflicts_with_subcommands = true)]
+#[command(
+    name = "edgellm-allreduce-bench",
+    version,
+    about = "Benchmark of edgellm-allreduce's all-reduce paths (custom kernels, AUTO, plugin, NCCL)",
+    args_conflicts_with_subcommands = true
+)]
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
@@ -194,7 +199,9 @@ impl Plan {
 fn main() {
     let cli = Cli::parse();
     let code = match cli.command {
-        Some(Command::Plot { csv, plot, font }) => read_csv(&csv).map_or(2, |records| draw(&records, &plot, font.as_deref())),
+        Some(Command::Plot { csv, plot, font }) => {
+            read_csv(&csv).map_or(2, |records| draw(&records, &plot, font.as_deref()))
+        }
         Some(Command::Table { csv }) => read_csv(&csv).map_or(2, |records| {
             print!("{}", record::table(&records));
             0
@@ -305,11 +312,13 @@ fn sweep(a: &RunArgs) -> Result<Swept, i32> {
     let suite = match (a.fused, a.suite) {
         (true, _) => Suite::Fused,
         (false, Some(s)) => s,
-        (false, None) => match (a.strategies.iter().any(|c| !c.is_fused()), a.strategies.iter().any(|c| c.is_fused())) {
-            (false, true) => Suite::Fused,
-            (true, true) => Suite::All,
-            _ => Suite::Plain,
-        },
+        (false, None) => {
+            match (a.strategies.iter().any(|c| !c.is_fused()), a.strategies.iter().any(|c| c.is_fused())) {
+                (false, true) => Suite::Fused,
+                (true, true) => Suite::All,
+                _ => Suite::Plain,
+            }
+        }
     };
     let pick = |fused: bool| -> Vec<Case> {
         if a.strategies.is_empty() {
@@ -372,7 +381,17 @@ fn sweep(a: &RunArgs) -> Result<Swept, i32> {
         eprintln!("error: real mode needs 2 or more GPUs; this machine has {gpus} (use --mode sim)");
         return Err(2);
     }
-    let plan = Plan { ranks, dtypes: a.dtype.clone(), sizes, cases, shapes, fused_cases, settings, workspace_bytes: a.workspace_bytes, device: a.device };
+    let plan = Plan {
+        ranks,
+        dtypes: a.dtype.clone(),
+        sizes,
+        cases,
+        shapes,
+        fused_cases,
+        settings,
+        workspace_bytes: a.workspace_bytes,
+        device: a.device,
+    };
 
     let dtypes = plan.dtypes.iter().map(|d| edgellm_test_support::dtype_name(*d)).collect::<Vec<_>>().join(",");
     if !plan.cases.is_empty() {
@@ -406,7 +425,12 @@ fn sweep(a: &RunArgs) -> Result<Swept, i32> {
         settings.batches,
         if settings.eager { "; eager: the same batches with direct launches" } else { "" }
     );
-    for var in ["EDGELLM_ALLREDUCE_STRATEGY", "EDGELLM_ALLREDUCE_MAX_BLOCKS", "EDGELLM_ALLREDUCE_PDL", "EDGELLM_ALLREDUCE_WORKSPACE_BYTES"] {
+    for var in [
+        "EDGELLM_ALLREDUCE_STRATEGY",
+        "EDGELLM_ALLREDUCE_MAX_BLOCKS",
+        "EDGELLM_ALLREDUCE_PDL",
+        "EDGELLM_ALLREDUCE_WORKSPACE_BYTES",
+    ] {
         if let Ok(v) = std::env::var(var) {
             println!("environment: {var}={v}");
         }
@@ -419,7 +443,10 @@ fn sweep(a: &RunArgs) -> Result<Swept, i32> {
             return Err(2);
         }
     };
-    gpu::watchdog::start(std::time::Duration::from_secs(a.timeout.max(5)), format!("rows so far are in {}", a.csv.display()));
+    gpu::watchdog::start(
+        std::time::Duration::from_secs(a.timeout.max(5)),
+        format!("rows so far are in {}", a.csv.display()),
+    );
     let total = (plan.ranks.len() * (plan.rows(false).len() + plan.rows(true).len())) as u64;
     let sink = Mutex::new(Sink::new(csv, total));
 

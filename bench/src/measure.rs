@@ -18,11 +18,11 @@
 //! A launch that fails on one rank while its peers' kernels spin cannot be recovered: every
 //! thread learns it at the next agreement point (before it waits on the GPU) and the run stops.
 
-use edgellm_test_support::{self as data, OutputCheck};
 use crate::gpu::{capture, watchdog, Gate, Res, Timer, GATE_MAX_CALLS};
 use crate::record::{Record, Status};
 use crate::stats;
 use cudarc::driver::CudaStream;
+use edgellm_test_support::{self as data, OutputCheck};
 use std::any::Any;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -132,7 +132,14 @@ impl Team for Member<'_> {
     fn gather<T: Clone + Send + 'static>(&self, v: T) -> Vec<T> {
         self.meeting.slots.lock().unwrap()[self.rank] = Some(Box::new(v));
         self.meeting.barrier.wait();
-        let all = self.meeting.slots.lock().unwrap().iter().map(|s| s.as_ref().and_then(|b| b.downcast_ref::<T>()).cloned().expect("every rank posted")).collect();
+        let all = self
+            .meeting
+            .slots
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|s| s.as_ref().and_then(|b| b.downcast_ref::<T>()).cloned().expect("every rank posted"))
+            .collect();
         // Nobody posts the next value before everyone has read this one.
         self.meeting.barrier.wait();
         all
@@ -207,7 +214,15 @@ pub struct Gated<'a> {
 /// thread's per-op time of each timed batch (µs). With a gate, each batch is enqueued behind it and
 /// rank 0 opens it once every thread has enqueued; without, the threads start together from a
 /// spinning barrier.
-fn batches(runner: &impl Runner, team: &impl Team, timer: &Timer, s: &Settings, ops: u32, gate: Option<Gated>, launch: &dyn Fn() -> Res<()>) -> Result<Vec<f64>, Fatal> {
+fn batches(
+    runner: &impl Runner,
+    team: &impl Team,
+    timer: &Timer,
+    s: &Settings,
+    ops: u32,
+    gate: Option<Gated>,
+    launch: &dyn Fn() -> Res<()>,
+) -> Result<Vec<f64>, Fatal> {
     let stream = runner.stream();
     let gate = gate.filter(|_| s.replays <= GATE_MAX_CALLS);
     let mut mine = Vec::new();
@@ -244,7 +259,13 @@ fn batches(runner: &impl Runner, team: &impl Team, timer: &Timer, s: &Settings, 
 
 /// Measures one row (see the module documentation). Every thread of the team calls it with the
 /// same settings; all get the same result.
-pub fn measure(runner: &impl Runner, team: &impl Team, timer: &Timer, s: &Settings, gate: Option<Gated>) -> Result<Measured, Fatal> {
+pub fn measure(
+    runner: &impl Runner,
+    team: &impl Team,
+    timer: &Timer,
+    s: &Settings,
+    gate: Option<Gated>,
+) -> Result<Measured, Fatal> {
     let mut m = Measured::default();
     let eager = || runner.enqueue();
     let one_op = if s.profiler { Some(capture(runner.stream(), || runner.enqueue())) } else { None };

@@ -8,7 +8,8 @@ use libloading::Library;
 use std::ffi::{c_char, c_int, c_void, CStr};
 
 type InitAll = unsafe extern "C" fn(*mut *mut c_void, c_int, *const c_int) -> c_int;
-type AllReduce = unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, c_int, *mut c_void, *mut c_void) -> c_int;
+type AllReduce =
+    unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, c_int, *mut c_void, *mut c_void) -> c_int;
 type Destroy = unsafe extern "C" fn(*mut c_void) -> c_int;
 type GetVersion = unsafe extern "C" fn(*mut c_int) -> c_int;
 type ErrorString = unsafe extern "C" fn(c_int) -> *const c_char;
@@ -43,7 +44,9 @@ impl Nccl {
                 Err(e) => errors.push(format!("{name}: {e}")),
             }
         }
-        let (name, lib) = found.ok_or_else(|| format!("cannot load NCCL ({}); give one with --nccl-lib", errors.first().cloned().unwrap_or_default()))?;
+        let (name, lib) = found.ok_or_else(|| {
+            format!("cannot load NCCL ({}); give one with --nccl-lib", errors.first().cloned().unwrap_or_default())
+        })?;
         let name = name.as_str();
         let lib: &'static Library = Box::leak(Box::new(lib));
         // SAFETY: the symbols have these C signatures in every NCCL 2.x.
@@ -90,7 +93,15 @@ impl Nccl {
     ///
     /// # Safety
     /// Buffers of `count` elements on the communicator's device; `stream` of that device.
-    pub unsafe fn all_reduce(&self, input: u64, output: u64, count: usize, dtype: DataType, comm: usize, stream: usize) -> Res<()> {
+    pub unsafe fn all_reduce(
+        &self,
+        input: u64,
+        output: u64,
+        count: usize,
+        dtype: DataType,
+        comm: usize,
+        stream: usize,
+    ) -> Res<()> {
         let code = (self.all_reduce)(
             input as *const c_void,
             output as *mut c_void,

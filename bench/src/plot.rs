@@ -32,7 +32,11 @@ pub fn load_font(explicit: Option<&Path>) -> Option<PathBuf> {
     static LOADED: OnceLock<Option<PathBuf>> = OnceLock::new();
     LOADED
         .get_or_init(|| {
-            let candidates = explicit.map(Path::to_path_buf).into_iter().chain(std::iter::once(PathBuf::from(DEFAULT_FONT))).chain(OTHER_FONTS.iter().map(PathBuf::from));
+            let candidates = explicit
+                .map(Path::to_path_buf)
+                .into_iter()
+                .chain(std::iter::once(PathBuf::from(DEFAULT_FONT)))
+                .chain(OTHER_FONTS.iter().map(PathBuf::from));
             for path in candidates {
                 let Ok(bytes) = std::fs::read(&path) else { continue };
                 // plotters keeps fonts for the life of the process.
@@ -162,7 +166,9 @@ pub fn render(records: &[Record], path: &Path, font: Option<&Path>) -> Result<Op
 fn draw(records: &[Record], path: &Path, text: bool) -> Result<(), String> {
     let groups: Vec<Vec<&Record>> = record::groups(records)
         .into_iter()
-        .filter(|g| g.iter().any(|r| r.status == Status::Ok && r.bytes > 0 && r.strategy != FLOOR && r.strategy != record::COPY))
+        .filter(|g| {
+            g.iter().any(|r| r.status == Status::Ok && r.bytes > 0 && r.strategy != FLOOR && r.strategy != record::COPY)
+        })
         .collect();
     if groups.is_empty() {
         return Err("nothing to plot: no row was measured".into());

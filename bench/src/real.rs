@@ -10,7 +10,6 @@
 
 use crate::case::{fused_call, path_name, plain_call, Case, Shape};
 use crate::fused::{self, FusedBufs, FusedOp};
-use edgellm_test_support::{self as data, dtype_name, trt_code, OutputCheck};
 use crate::gpu::{self, memset_async, Context, DevBuf, Gate, Res, Timer};
 use crate::measure::{self, Fatal, Gated, Meeting, Member, Runner, Sink, Team};
 use crate::nccl::Nccl;
@@ -18,7 +17,11 @@ use crate::record::{Record, Status};
 use crate::stats::fmt_bytes;
 use crate::Plan;
 use cudarc::driver::{CudaContext, CudaStream};
-use edgellm_allreduce::{self as ear, abi, DataType, DeviceKernels, DevicePtr, Family, Fits, FusionOp, Group, Path, PluginConfig, PluginCore, Requested, Stream, TensorDesc};
+use edgellm_allreduce::{
+    self as ear, abi, DataType, DeviceKernels, DevicePtr, Family, Fits, FusionOp, Group, Path, PluginConfig,
+    PluginCore, Requested, Stream, TensorDesc,
+};
+use edgellm_test_support::{self as data, dtype_name, trt_code, OutputCheck};
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex, RwLock};
 
@@ -69,7 +72,11 @@ impl Shared<'_> {
             Case::Custom(f) => match &self.group {
                 Err(e) => Err(e.clone()),
                 Ok(g) if g.serves_bytes(f, dtype, bytes) => Ok((Launch::Custom(f), case.name())),
-                Ok(g) => Err(format!("{} serves up to {} with this workspace", case.name(), fmt_bytes(f.max_bytes(g.max_bytes)))),
+                Ok(g) => Err(format!(
+                    "{} serves up to {} with this workspace",
+                    case.name(),
+                    fmt_bytes(f.max_bytes(g.max_bytes))
+                )),
             },
             Case::Auto => match ear::choose(Requested::Auto, &call, self.capability()).path {
                 Path::Custom(f) => Ok((Launch::Custom(f), Case::Custom(f).name())),
@@ -104,22 +111,40 @@ impl Shared<'_> {
             Case::Fused(f) => match &self.group {
                 Err(e) => Err(e.clone()),
                 Ok(g) if g.serves(f, dtype, &call.message) => op(FusedOp::Fused(f)),
-                Ok(g) => Err(format!("{} does not take {} rows of {} with this workspace ({})", case.name(), shape.tokens, shape.hidden, fmt_bytes(f.max_bytes(g.max_bytes)))),
+                Ok(g) => Err(format!(
+                    "{} does not take {} rows of {} with this workspace ({})",
+                    case.name(),
+                    shape.tokens,
+                    shape.hidden,
+                    fmt_bytes(f.max_bytes(g.max_bytes))
+                )),
             },
             Case::FusedAuto => match ear::choose(Requested::Auto, &call, self.capability()).path {
                 Path::Custom(f) => op(FusedOp::Fused(f)),
                 Path::Split(f) => op(FusedOp::ArThenNorm(f)),
                 _ => nccl_norm("AUTO picks NCCL then the norm kernel here, and "),
             },
-            Case::ArThenNorm => match ear::choose(Requested::Auto, &plain_call(self.nranks, dtype, call.message.bytes), self.capability()).path {
+            Case::ArThenNorm => match ear::choose(
+                Requested::Auto,
+                &plain_call(self.nranks, dtype, call.message.bytes),
+                self.capability(),
+            )
+            .path
+            {
                 Path::Custom(f) => op(FusedOp::ArThenNorm(f)),
-                _ => Err("AUTO picks NCCL for the plain all-reduce of this size (that is the nccl_then_norm row)".into()),
+                _ => {
+                    Err("AUTO picks NCCL for the plain all-reduce of this size (that is the nccl_then_norm row)".into())
+                }
             },
             Case::NcclThenNorm => nccl_norm(""),
             Case::Split(f) => match &self.group {
                 Err(e) => Err(e.clone()),
                 Ok(g) if g.serves_bytes(f, dtype, call.message.bytes) => op(FusedOp::ArThenNorm(f)),
-                Ok(g) => Err(format!("{} serves up to {} with this workspace", Case::Custom(f).name(), fmt_bytes(f.max_bytes(g.max_bytes)))),
+                Ok(g) => Err(format!(
+                    "{} serves up to {} with this workspace",
+                    Case::Custom(f).name(),
+                    fmt_bytes(f.max_bytes(g.max_bytes))
+                )),
             },
             Case::PluginFused => {
                 if !self.registered {
@@ -193,13 +218,25 @@ impl Runner for RealRun<'_> {
             },
             Launch::Custom(f) => unsafe {
                 let group = sh.group.as_ref().expect("planned with a group");
-                group.launch(w.rank as i32, f, self.dtype, DevicePtr(input), DevicePtr(output), self.count, Stream(stream)).map_err(|e| e.to_string())
+                group
+                    .launch(
+                        w.rank as i32,
+                        f,
+                        self.dtype,
+                        DevicePtr(input),
+                        DevicePtr(output),
+                        self.count,
+                        Stream(stream),
+                    )
+                    .map_err(|e| e.to_string())
             },
             Launch::Plugin => {
                 let mut dims = [0i64; 8];
                 dims[0] = self.count as i64;
                 let desc = TensorDesc { nb_dims: 1, dims, dtype: trt_code(self.dtype), format: 0 };
-                w.core.enqueue(&[desc], &[desc], &[input as usize], &[output as usize], stream).map_err(|e| format!("PluginCore::enqueue: {e}"))
+                w.core
+                    .enqueue(&[desc], &[desc], &[input as usize], &[output as usize], stream)
+                    .map_err(|e| format!("PluginCore::enqueue: {e}"))
             }
         }
     }
@@ -243,8 +280,16 @@ impl Runner for RealFusedRun<'_> {
             FusedOp::NcclThenNorm => unsafe {
                 let comm = sh.comms.as_ref().expect("planned with NCCL")[w.rank];
                 let call = f.bufs.call(shape, self.eps);
-                sh.nccl.expect("planned with NCCL").all_reduce(f.bufs.x.ptr, f.bufs.normed.ptr, count, dtype, comm, stream)?;
-                call.launch_norm(&f.kernels, dtype, call.normed, Stream(stream)).map_err(|e| format!("launch_norm: {e}"))
+                sh.nccl.expect("planned with NCCL").all_reduce(
+                    f.bufs.x.ptr,
+                    f.bufs.normed.ptr,
+                    count,
+                    dtype,
+                    comm,
+                    stream,
+                )?;
+                call.launch_norm(&f.kernels, dtype, call.normed, Stream(stream))
+                    .map_err(|e| format!("launch_norm: {e}"))
             },
             FusedOp::Plugin => {
                 let code = trt_code(dtype);
@@ -275,7 +320,14 @@ impl Runner for RealFusedRun<'_> {
 
 /// The fused sweep on one rank's thread: per (dtype, shape) fresh inputs and the fp64
 /// references (rank 0 computes them once every rank has added its x), then every fused row.
-fn fused_sweep(shared: &Shared, w: &Worker, f: &WorkerFused, team: &Member, timer: &Timer, gated: Option<Gated>) -> Result<(), Fatal> {
+fn fused_sweep(
+    shared: &Shared,
+    w: &Worker,
+    f: &WorkerFused,
+    team: &Member,
+    timer: &Timer,
+    gated: Option<Gated>,
+) -> Result<(), Fatal> {
     let (plan, rank, n) = (shared.plan, w.rank, shared.nranks);
     let s = &plan.settings;
     let eps = fused::eps();
@@ -346,17 +398,21 @@ fn worker(shared: &Shared, rank: usize) -> Result<(), Fatal> {
     let buf_bytes = plan.sizes.iter().max().map_or(1, |&b| b as usize);
     let setup = (|| -> Res<(Worker, Timer)> {
         ctx.bind_to_thread().ctx("binding the context")?;
-        let core = PluginCore::new(PluginConfig::with_tp_size(shared.nranks).map_err(|e| e.to_string())?).map_err(|e| e.to_string())?;
+        let core = PluginCore::new(PluginConfig::with_tp_size(shared.nranks).map_err(|e| e.to_string())?)
+            .map_err(|e| e.to_string())?;
         let fused = if plan.fused_cases.is_empty() {
             None
         } else {
             let max_elem = plan.dtypes.iter().map(|d| d.size()).max().unwrap_or(2);
             let max_bytes = plan.shapes.iter().map(|sh| sh.count() * max_elem).max().unwrap_or(16);
             let max_row = plan.shapes.iter().map(|sh| sh.hidden as usize * max_elem).max().unwrap_or(16);
-            let plugin = |bias| fused_config(shared.nranks, bias).and_then(PluginCore::new).map_err(|e| format!("fused plugin: {e}"));
+            let plugin = |bias| {
+                fused_config(shared.nranks, bias).and_then(PluginCore::new).map_err(|e| format!("fused plugin: {e}"))
+            };
             Some(WorkerFused {
                 bufs: FusedBufs::new(ctx, max_bytes, max_row)?,
-                kernels: edgellm_allreduce::device_kernels(shared.devices[rank]).map_err(|e| format!("loading the kernels: {e}"))?,
+                kernels: edgellm_allreduce::device_kernels(shared.devices[rank])
+                    .map_err(|e| format!("loading the kernels: {e}"))?,
                 cores: [plugin(false)?, plugin(true)?],
             })
         };
@@ -380,11 +436,20 @@ fn worker(shared: &Shared, rank: usize) -> Result<(), Fatal> {
     let probed = shared.gate.as_ref().map(|g| g.probe(&w.stream));
     let all: Vec<Option<Res<u64>>> = team.gather(probed.clone());
     let gated = match (&shared.gate, probed) {
-        (Some(gate), Some(Ok(device_ptr))) if all.iter().all(|p| matches!(p, Some(Ok(_)))) => Some(Gated { gate, device_ptr }),
+        (Some(gate), Some(Ok(device_ptr))) if all.iter().all(|p| matches!(p, Some(Ok(_)))) => {
+            Some(Gated { gate, device_ptr })
+        }
         _ => {
             if rank == 0 {
-                let why = all.iter().find_map(|p| p.as_ref().and_then(|r| r.as_ref().err().cloned())).unwrap_or_else(|| "no gate".into());
-                shared.sink.lock().unwrap().say(format!("warning: no start gate ({why}): batches start from a spinning barrier"));
+                let why = all
+                    .iter()
+                    .find_map(|p| p.as_ref().and_then(|r| r.as_ref().err().cloned()))
+                    .unwrap_or_else(|| "no gate".into());
+                shared
+                    .sink
+                    .lock()
+                    .unwrap()
+                    .say(format!("warning: no start gate ({why}): batches start from a spinning barrier"));
             }
             None
         }
@@ -456,7 +521,8 @@ fn worker(shared: &Shared, rank: usize) -> Result<(), Fatal> {
     if rank == 0 && shared.registered {
         if let Ok(comms) = &shared.comms {
             for (d, c) in shared.devices.iter().zip(comms) {
-                abi::edgellmUnregisterNcclCommForAllReducePlugin(*d, *c as *mut c_void);
+                // SAFETY: the communicator registered above; it is only compared.
+                unsafe { abi::edgellmUnregisterNcclCommForAllReducePlugin(*d, *c as *mut c_void) };
             }
         }
     }
@@ -503,18 +569,30 @@ pub fn run(plan: &Plan, nccl: Option<&Nccl>, nccl_note: &str, sink: &Mutex<Sink>
             let ok: Vec<bool> = devices
                 .iter()
                 .zip(comms)
-                .map(|(&d, &c)| abi::edgellmRegisterNcclCommForAllReducePlugin(d, c as *mut c_void, nccl.all_reduce_address() as *mut c_void))
+                .map(|(&d, &c)| {
+                    // SAFETY: a live communicator of device d and the ncclAllReduce of the NCCL
+                    // that made it, unregistered before they go.
+                    unsafe {
+                        abi::edgellmRegisterNcclCommForAllReducePlugin(
+                            d,
+                            c as *mut c_void,
+                            nccl.all_reduce_address() as *mut c_void,
+                        )
+                    }
+                })
                 .collect();
             registered = ok.iter().all(|&x| x);
             if !registered {
                 for ((&d, &c), _) in devices.iter().zip(comms).zip(&ok).filter(|(_, &k)| k) {
-                    abi::edgellmUnregisterNcclCommForAllReducePlugin(d, c as *mut c_void);
+                    // SAFETY: only compared.
+                    unsafe { abi::edgellmUnregisterNcclCommForAllReducePlugin(d, c as *mut c_void) };
                 }
             }
         }
         let plugin_ranks = if registered { abi::edgellmAllReduceCustomRanks(devices[0]) } else { 0 };
         let names: Vec<String> = ctxs.iter().map(|c| gpu::device_name(c)).collect();
-        let label = if names.iter().all(|x| x == &names[0]) { format!("{n}× {}", names[0]) } else { names.join(" + ") };
+        let label =
+            if names.iter().all(|x| x == &names[0]) { format!("{n}× {}", names[0]) } else { names.join(" + ") };
         say(format!(
             "real {n} ranks on GPUs {devices:?} ({label}): custom group {}; NCCL {}; plugin {}",
             match &group {
@@ -535,7 +613,11 @@ pub fn run(plan: &Plan, nccl: Option<&Nccl>, nccl_note: &str, sink: &Mutex<Sink>
             }
         ));
         // Pinned, portable: every device's stream waits on the same word.
-        let gate = if !plan.settings.profiler { Gate::new().map_err(|e| say(format!("warning: no start gate: {e}"))).ok() } else { None };
+        let gate = if !plan.settings.profiler {
+            Gate::new().map_err(|e| say(format!("warning: no start gate: {e}"))).ok()
+        } else {
+            None
+        };
         let shared = Shared {
             gate,
             plan,
@@ -553,11 +635,18 @@ pub fn run(plan: &Plan, nccl: Option<&Nccl>, nccl_note: &str, sink: &Mutex<Sink>
             label,
         };
         let results: Vec<Result<(), Fatal>> = std::thread::scope(|scope| {
-            let handles: Vec<_> = (0..n as usize).map(|rank| scope.spawn({
-                let shared = &shared;
-                move || worker(shared, rank)
-            })).collect();
-            handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(Fatal("a rank's thread panicked".into())))).collect()
+            let handles: Vec<_> = (0..n as usize)
+                .map(|rank| {
+                    scope.spawn({
+                        let shared = &shared;
+                        move || worker(shared, rank)
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|_| Err(Fatal("a rank's thread panicked".into()))))
+                .collect()
         });
         if let Some(Err(e)) = results.into_iter().find(|r| r.is_err()) {
             return Err(e);

@@ -320,11 +320,13 @@ pub fn table(records: &[Record]) -> String {
             let _ = write!(out, " {:>9}", "auto/best");
         }
         out.push('\n');
-        let mut sizes: Vec<u64> = group.iter().filter(|r| r.strategy != FLOOR && r.strategy != COPY).map(|r| r.bytes).collect();
+        let mut sizes: Vec<u64> =
+            group.iter().filter(|r| r.strategy != FLOOR && r.strategy != COPY).map(|r| r.bytes).collect();
         sizes.sort_unstable();
         sizes.dedup();
         for bytes in sizes {
-            let rows: Vec<&Record> = group.iter().filter(|r| r.bytes == bytes && names.contains(&r.strategy)).copied().collect();
+            let rows: Vec<&Record> =
+                group.iter().filter(|r| r.bytes == bytes && names.contains(&r.strategy)).copied().collect();
             let _ = write!(out, "{:>10}", fmt_bytes(bytes));
             for n in &names {
                 let _ = write!(out, " {:>10}", cell(rows.iter().find(|r| &r.strategy == n)));
@@ -333,10 +335,14 @@ pub fn table(records: &[Record]) -> String {
                 Some(b) => {
                     let _ = write!(out, " {:>9} {:>11.1}", b.strategy, b.busbw_gbps.unwrap_or(0.0));
                     if sim {
-                        let _ = write!(out, " {:>6}", b.roof_frac.map_or(String::new(), |f| format!("{:.0}%", f * 100.0)));
+                        let _ =
+                            write!(out, " {:>6}", b.roof_frac.map_or(String::new(), |f| format!("{:.0}%", f * 100.0)));
                     }
                     if has_auto {
-                        let auto = rows.iter().find(|r| r.strategy == "auto" && r.status == Status::Ok).and_then(|r| r.median_us);
+                        let auto = rows
+                            .iter()
+                            .find(|r| r.strategy == "auto" && r.status == Status::Ok)
+                            .and_then(|r| r.median_us);
                         let ratio = auto.zip(b.median_us).map_or(String::new(), |(a, m)| format!("{:.2}", a / m));
                         let _ = write!(out, " {ratio:>9}");
                     }
@@ -367,7 +373,11 @@ pub fn table(records: &[Record]) -> String {
 /// Simulation: per size and row, the memory traffic of one rank on the path taken and the
 /// fraction of the copy roofline it reached (so the gap to the memory limit shows per row).
 fn traffic_block(out: &mut String, group: &[&Record], names: &[String]) {
-    let _ = writeln!(out, "{:>10} per rank: bytes read + written in memory on the path taken · roofline fraction", "traffic");
+    let _ = writeln!(
+        out,
+        "{:>10} per rank: bytes read + written in memory on the path taken · roofline fraction",
+        "traffic"
+    );
     let mut sizes: Vec<u64> = group.iter().filter(|r| r.rank_bytes.is_some()).map(|r| r.bytes).collect();
     sizes.sort_unstable();
     sizes.dedup();
@@ -375,9 +385,9 @@ fn traffic_block(out: &mut String, group: &[&Record], names: &[String]) {
         let _ = write!(out, "{:>10}", fmt_bytes(bytes));
         for n in names {
             let r = group.iter().find(|r| r.bytes == bytes && &r.strategy == n && r.status == Status::Ok);
-            let c = r.and_then(|r| r.rank_bytes.zip(r.roof_frac)).map_or(String::new(), |(b, f)| {
-                format!("{} {:.0}%", crate::stats::fmt_bytes_short(b), f * 100.0)
-            });
+            let c = r
+                .and_then(|r| r.rank_bytes.zip(r.roof_frac))
+                .map_or(String::new(), |(b, f)| format!("{} {:.0}%", crate::stats::fmt_bytes_short(b), f * 100.0));
             let _ = write!(out, " {c:>10}");
         }
         out.push('\n');
@@ -396,7 +406,11 @@ fn shape_key(r: &Record) -> (u64, u64, bool, String) {
 /// baselines (and AUTO) over it.
 fn fused_block(out: &mut String, group: &[&Record], names: &[String], floor: Option<f64>) {
     let first = group[0];
-    let _ = write!(out, "\n{} · {} ranks · {} · fused all-reduce + residual + RMSNorm", first.mode, first.ranks, first.dtype);
+    let _ = write!(
+        out,
+        "\n{} · {} ranks · {} · fused all-reduce + residual + RMSNorm",
+        first.mode, first.ranks, first.dtype
+    );
     if !first.device.is_empty() {
         let _ = write!(out, " · {}", first.device);
     }
@@ -411,10 +425,15 @@ fn fused_block(out: &mut String, group: &[&Record], names: &[String], floor: Opt
     }
     let _ = write!(out, " {:>13}", "best fused");
     // (header, row whose time is divided by the best fused one's)
-    let ratios: Vec<(&str, &str)> = [("ar+norm/best", "ar_then_norm"), ("nccl+norm/best", "nccl_then_norm"), ("auto/best", "fused_auto"), ("plugin/best", "plugin_fused")]
-        .into_iter()
-        .filter(|(_, row)| names.iter().any(|n| n == row))
-        .collect();
+    let ratios: Vec<(&str, &str)> = [
+        ("ar+norm/best", "ar_then_norm"),
+        ("nccl+norm/best", "nccl_then_norm"),
+        ("auto/best", "fused_auto"),
+        ("plugin/best", "plugin_fused"),
+    ]
+    .into_iter()
+    .filter(|(_, row)| names.iter().any(|n| n == row))
+    .collect();
     for (h, _) in &ratios {
         let _ = write!(out, " {h:>w$}", w = h.len().max(9));
     }
@@ -437,7 +456,8 @@ fn fused_block(out: &mut String, group: &[&Record], names: &[String], floor: Opt
             Some(b) => {
                 let _ = write!(out, " {:>13}", b.strategy);
                 for (h, row) in &ratios {
-                    let t = rows.iter().find(|r| &r.strategy == row && r.status == Status::Ok).and_then(|r| r.median_us);
+                    let t =
+                        rows.iter().find(|r| &r.strategy == row && r.status == Status::Ok).and_then(|r| r.median_us);
                     let ratio = t.zip(b.median_us).map_or(String::new(), |(a, m)| format!("{:.2}", a / m));
                     let _ = write!(out, " {ratio:>w$}", w = h.len().max(9));
                 }
@@ -449,7 +469,14 @@ fn fused_block(out: &mut String, group: &[&Record], names: &[String], floor: Opt
         out.push('\n');
     }
     for r in group.iter().filter(|r| matches!(r.status, Status::Failed | Status::Error)) {
-        let _ = writeln!(out, "  {} {} at {}: {}", r.strategy, r.status.name(), if r.shape.is_empty() { fmt_bytes(r.bytes) } else { r.shape.clone() }, r.note);
+        let _ = writeln!(
+            out,
+            "  {} {} at {}: {}",
+            r.strategy,
+            r.status.name(),
+            if r.shape.is_empty() { fmt_bytes(r.bytes) } else { r.shape.clone() },
+            r.note
+        );
     }
 }
 
@@ -549,7 +576,12 @@ mod tests {
 
     fn fused(strategy: &str, shape: &str, us: Option<f64>, path: &str) -> Record {
         let s = crate::case::Shape::parse_label(shape).unwrap();
-        let mut r = rec(strategy, s.tokens * s.hidden as u64 * 2, us, if us.is_some() { Status::Ok } else { Status::NotApplicable });
+        let mut r = rec(
+            strategy,
+            s.tokens * s.hidden as u64 * 2,
+            us,
+            if us.is_some() { Status::Ok } else { Status::NotApplicable },
+        );
         r.shape = shape.into();
         r.path = path.into();
         r
@@ -586,10 +618,7 @@ mod tests {
         assert_eq!(back.iter().map(key).collect::<Vec<_>>(), records.iter().map(key).collect::<Vec<_>>());
         assert!(back.iter().all(|r| r.graph_ops == 1));
         // An older CSV, without the shape, graph_ops and rank_bytes columns.
-        let old: String = text
-            .lines()
-            .map(|l| l.rsplitn(4, ',').last().unwrap().to_string() + "\n")
-            .collect();
+        let old: String = text.lines().map(|l| l.rsplitn(4, ',').last().unwrap().to_string() + "\n").collect();
         let back = parse_csv(&old).unwrap();
         assert_eq!((back.len(), key(&back[0])), (records.len(), key(&records[0])));
         assert!(back.iter().all(|r| r.shape.is_empty() && r.graph_ops == 1));

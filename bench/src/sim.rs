@@ -10,14 +10,16 @@
 
 use crate::case::{fused_call, path_name, plain_call, Case, Shape};
 use crate::fused::{self, FusedBufs, FusedOp};
-use edgellm_test_support::{self as data, dtype_name, OutputCheck};
 use crate::gpu::{self, capture, memset_async, watchdog, Context, DevBuf, Gate, Res, Timer, GATE_MAX_CALLS};
 use crate::measure::{self, Fatal, Gated, Measured, Runner, Settings, Sink, Solo};
 use crate::record::{Record, Status, COPY, FLOOR};
 use crate::stats::{self, fmt_bytes};
 use crate::Plan;
 use cudarc::driver::{sys, CudaContext, CudaEvent, CudaStream};
-use edgellm_allreduce::{self as ear, DataType, DeviceKernels, DevicePtr, Family, Fits, Group, Path, Requested, Stream};
+use edgellm_allreduce::{
+    self as ear, DataType, DeviceKernels, DevicePtr, Family, Fits, Group, Path, Requested, Stream,
+};
+use edgellm_test_support::{self as data, dtype_name, OutputCheck};
 use std::sync::{Arc, Mutex};
 
 /// N simulated ranks and their streams and buffers.
@@ -32,8 +34,16 @@ struct Sim {
 }
 
 impl Sim {
-    fn new(ctx: &Arc<CudaContext>, origin: &Arc<CudaStream>, device: i32, nranks: i32, ws_bytes: u64, buf_bytes: usize) -> Res<Sim> {
-        let group = Group::simulated(device, nranks, ws_bytes).map_err(|e| format!("Group::simulated({nranks} ranks): {e}"))?;
+    fn new(
+        ctx: &Arc<CudaContext>,
+        origin: &Arc<CudaStream>,
+        device: i32,
+        nranks: i32,
+        ws_bytes: u64,
+        buf_bytes: usize,
+    ) -> Res<Sim> {
+        let group =
+            Group::simulated(device, nranks, ws_bytes).map_err(|e| format!("Group::simulated({nranks} ranks): {e}"))?;
         let n = nranks as usize;
         let streams = (0..n).map(|_| ctx.new_stream().ctx("cuStreamCreate")).collect::<Res<Vec<_>>>()?;
         let joins = (0..n).map(|_| ctx.new_event(None).ctx("cuEventCreate")).collect::<Res<Vec<_>>>()?;
@@ -84,7 +94,15 @@ impl Runner for SimRun<'_> {
             // SAFETY: the buffers hold `count` elements and are 256-byte aligned; every rank of
             // the group gets the same call, in the same order.
             unsafe {
-                sim.group.launch(rank as i32, self.family, self.dtype, DevicePtr(sim.inputs[rank].ptr), DevicePtr(sim.outputs[rank].ptr), count, Stream(s.cu_stream() as usize))
+                sim.group.launch(
+                    rank as i32,
+                    self.family,
+                    self.dtype,
+                    DevicePtr(sim.inputs[rank].ptr),
+                    DevicePtr(sim.outputs[rank].ptr),
+                    count,
+                    Stream(s.cu_stream() as usize),
+                )
             }
             .map_err(|e| format!("launch of rank {rank}: {e}"))
         })
@@ -93,7 +111,8 @@ impl Runner for SimRun<'_> {
         let bytes = self.count * self.dtype.size();
         let outs = self.sim.outputs.iter().map(|o| o.download(bytes)).collect::<Res<Vec<_>>>()?;
         Ok(std::thread::scope(|s| {
-            let handles: Vec<_> = outs.iter().map(|o| s.spawn(|| data::check_output(o, self.reference, self.dtype))).collect();
+            let handles: Vec<_> =
+                outs.iter().map(|o| s.spawn(|| data::check_output(o, self.reference, self.dtype))).collect();
             handles.into_iter().map(|h| h.join().expect("check thread")).collect()
         }))
     }
@@ -124,7 +143,19 @@ impl Runner for SimFusedRun<'_> {
         sim.fork_join(|rank, s| {
             // SAFETY: the buffers hold the shape (fresh allocations: aligned); every rank of
             // the group gets the same call, in the same order.
-            unsafe { fused::enqueue_custom(&sim.group, rank, self.op, self.dtype, &self.bufs[rank], &self.shape, self.eps, self.kernels, s.cu_stream() as usize) }
+            unsafe {
+                fused::enqueue_custom(
+                    &sim.group,
+                    rank,
+                    self.op,
+                    self.dtype,
+                    &self.bufs[rank],
+                    &self.shape,
+                    self.eps,
+                    self.kernels,
+                    s.cu_stream() as usize,
+                )
+            }
         })
     }
     fn check(&self) -> Res<Vec<OutputCheck>> {
@@ -135,7 +166,14 @@ impl Runner for SimFusedRun<'_> {
 }
 
 /// Times `launch` alone (one thread, no checks), gated as the rows are: the per-call µs summary.
-fn time_alone(stream: &CudaStream, timer: &Timer, s: &Settings, ops: u32, gate: Option<Gated>, launch: &dyn Fn() -> Res<()>) -> Res<stats::Summary> {
+fn time_alone(
+    stream: &CudaStream,
+    timer: &Timer,
+    s: &Settings,
+    ops: u32,
+    gate: Option<Gated>,
+    launch: &dyn Fn() -> Res<()>,
+) -> Res<stats::Summary> {
     let gate = gate.filter(|_| s.replays <= GATE_MAX_CALLS);
     let mut times = Vec::new();
     for b in 0..s.warmup + s.batches {
@@ -144,7 +182,8 @@ fn time_alone(stream: &CudaStream, timer: &Timer, s: &Settings, ops: u32, gate: 
         if let (Some(g), Some(v)) = (gate, value) {
             Gate::wait(g.device_ptr, v, stream)?;
         }
-        let enqueued = start.record(stream).ctx("cuEventRecord").and_then(|_| (0..s.replays).try_for_each(|_| launch()));
+        let enqueued =
+            start.record(stream).ctx("cuEventRecord").and_then(|_| (0..s.replays).try_for_each(|_| launch()));
         if let (Some(g), Some(v)) = (gate, value) {
             g.gate.open(v);
         }
@@ -160,14 +199,22 @@ fn time_alone(stream: &CudaStream, timer: &Timer, s: &Settings, ops: u32, gate: 
 }
 
 /// The copy roofline: bytes of a large device-to-device copy (read + written) per second.
-fn roofline(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, timer: &Timer, s: &Settings, gate: Option<Gated>) -> Res<(u64, stats::Summary, f64)> {
+fn roofline(
+    ctx: &Arc<CudaContext>,
+    stream: &Arc<CudaStream>,
+    timer: &Timer,
+    s: &Settings,
+    gate: Option<Gated>,
+) -> Res<(u64, stats::Summary, f64)> {
     let (free, _) = ctx.mem_get_info().ctx("cuMemGetInfo")?;
     let bytes = (256usize << 20).min(free / 8).max(1 << 20);
     let (src, dst) = (DevBuf::new(ctx, bytes)?, DevBuf::new(ctx, bytes)?);
     memset_async(src.ptr, 0x3c, bytes, stream)?;
     let copy = || {
         // SAFETY: both buffers hold `bytes` bytes of this device.
-        gpu::check("cuMemcpyDtoDAsync", unsafe { sys::cuMemcpyDtoDAsync_v2(dst.ptr, src.ptr, bytes, stream.cu_stream()) })
+        gpu::check("cuMemcpyDtoDAsync", unsafe {
+            sys::cuMemcpyDtoDAsync_v2(dst.ptr, src.ptr, bytes, stream.cu_stream())
+        })
     };
     let graph = capture(stream, copy)?;
     let settings = Settings { replays: s.replays.min(20), ..*s };
@@ -187,7 +234,11 @@ fn plan(case: Case, group: &Group, dtype: DataType, bytes: u64) -> Step {
         if group.serves_bytes(f, dtype, bytes) {
             Step::Run(f)
         } else {
-            Step::Skip(format!("{} serves up to {} with this workspace", Case::Custom(f).name(), fmt_bytes(f.max_bytes(group.max_bytes))))
+            Step::Skip(format!(
+                "{} serves up to {} with this workspace",
+                Case::Custom(f).name(),
+                fmt_bytes(f.max_bytes(group.max_bytes))
+            ))
         }
     };
     match case {
@@ -210,18 +261,30 @@ fn plan_fused(case: Case, group: &Group, dtype: DataType, shape: &Shape) -> Resu
     let cap = Some(group as &dyn Fits);
     match case {
         Case::Fused(f) if group.serves(f, dtype, &call.message) => Ok(FusedOp::Fused(f)),
-        Case::Fused(f) => Err(format!("{} does not take {} rows of {} with this workspace ({})", case.name(), shape.tokens, shape.hidden, fmt_bytes(f.max_bytes(group.max_bytes)))),
+        Case::Fused(f) => Err(format!(
+            "{} does not take {} rows of {} with this workspace ({})",
+            case.name(),
+            shape.tokens,
+            shape.hidden,
+            fmt_bytes(f.max_bytes(group.max_bytes))
+        )),
         Case::FusedAuto => match ear::choose(Requested::Auto, &call, cap).path {
             Path::Custom(f) => Ok(FusedOp::Fused(f)),
             Path::Split(f) => Ok(FusedOp::ArThenNorm(f)),
             p => Err(format!("AUTO picks {} then the norm kernel here (no NCCL in simulation)", path_name(p))),
         },
-        Case::ArThenNorm => match ear::choose(Requested::Auto, &plain_call(group.nranks, dtype, call.message.bytes), cap).path {
-            Path::Custom(f) => Ok(FusedOp::ArThenNorm(f)),
-            p => Err(format!("AUTO picks {} for the plain all-reduce here (no NCCL in simulation)", path_name(p))),
-        },
+        Case::ArThenNorm => {
+            match ear::choose(Requested::Auto, &plain_call(group.nranks, dtype, call.message.bytes), cap).path {
+                Path::Custom(f) => Ok(FusedOp::ArThenNorm(f)),
+                p => Err(format!("AUTO picks {} for the plain all-reduce here (no NCCL in simulation)", path_name(p))),
+            }
+        }
         Case::Split(f) if group.serves_bytes(f, dtype, call.message.bytes) => Ok(FusedOp::ArThenNorm(f)),
-        Case::Split(f) => Err(format!("{} serves up to {} with this workspace", Case::Custom(f).name(), fmt_bytes(f.max_bytes(group.max_bytes)))),
+        Case::Split(f) => Err(format!(
+            "{} serves up to {} with this workspace",
+            Case::Custom(f).name(),
+            fmt_bytes(f.max_bytes(group.max_bytes))
+        )),
         Case::NcclThenNorm | Case::PluginFused => Err("real mode only".into()),
         _ => Err("not a fused row".into()),
     }
@@ -230,14 +293,24 @@ fn plan_fused(case: Case, group: &Group, dtype: DataType, shape: &Shape) -> Resu
 /// The fused sweep of one rank count: per (dtype, shape) fresh inputs, the fp64 references,
 /// then every fused row.
 #[allow(clippy::too_many_arguments)]
-fn fused_sweep(plan_: &Plan, sim: &Sim, ctx: &Arc<CudaContext>, n: i32, sub: &str, timer: &Timer, gated: Option<Gated>, sink: &Mutex<Sink>) -> Result<(), Fatal> {
+fn fused_sweep(
+    plan_: &Plan,
+    sim: &Sim,
+    ctx: &Arc<CudaContext>,
+    n: i32,
+    sub: &str,
+    timer: &Timer,
+    gated: Option<Gated>,
+    sink: &Mutex<Sink>,
+) -> Result<(), Fatal> {
     let fatal = |e: String| Fatal(e);
     let s = &plan_.settings;
     let max_elem = plan_.dtypes.iter().map(|d| d.size()).max().unwrap_or(2);
     let max_bytes = plan_.shapes.iter().map(|sh| sh.count() * max_elem).max().unwrap_or(16);
     let max_row = plan_.shapes.iter().map(|sh| sh.hidden as usize * max_elem).max().unwrap_or(16);
     let setup = || -> Res<(Arc<DeviceKernels>, Vec<FusedBufs>)> {
-        let kernels = edgellm_allreduce::device_kernels(plan_.device).map_err(|e| format!("loading the kernels: {e}"))?;
+        let kernels =
+            edgellm_allreduce::device_kernels(plan_.device).map_err(|e| format!("loading the kernels: {e}"))?;
         let bufs = (0..n).map(|_| FusedBufs::new(ctx, max_bytes, max_row)).collect::<Res<Vec<_>>>()?;
         Ok((kernels, bufs))
     };
@@ -276,7 +349,16 @@ fn fused_sweep(plan_: &Plan, sim: &Sim, ctx: &Arc<CudaContext>, n: i32, sub: &st
                     Ok(op) => {
                         sink.lock().unwrap().message(format!("{label} {}", case.name()));
                         r.path = fused::path_of(op).into();
-                        let runner = SimFusedRun { sim, bufs: &bufs, op, dtype, shape: *shape, eps, kernels: &kernels, reference: &reference };
+                        let runner = SimFusedRun {
+                            sim,
+                            bufs: &bufs,
+                            op,
+                            dtype,
+                            shape: *shape,
+                            eps,
+                            kernels: &kernels,
+                            reference: &reference,
+                        };
                         let m: Measured = measure::measure(&runner, &Solo, timer, s, gated)?;
                         // No roofline fraction: the fused op moves more than the all-reduce's
                         // nominal traffic.
@@ -298,15 +380,23 @@ pub fn run(plan_: &Plan, sink: &Mutex<Sink>) -> Result<(), Fatal> {
     let device = format!("GPU {} {}", plan_.device, gpu::device_name(&ctx));
     let origin = ctx.new_stream().ctx("cuStreamCreate").map_err(fatal)?;
     let timer = Timer::new(&ctx).map_err(fatal)?;
-    let gate = if !s.profiler { Gate::new().and_then(|g| g.probe(&origin).map(|d| (g, d))) } else { Err("--profiler".to_string()) };
+    let gate = if !s.profiler {
+        Gate::new().and_then(|g| g.probe(&origin).map(|d| (g, d)))
+    } else {
+        Err("--profiler".to_string())
+    };
     if let Err(e) = &gate {
-        sink.lock().unwrap().say(format!("warning: no start gate ({e}): batches run ungated, small sizes may be bound by the host's launch rate"));
+        sink.lock().unwrap().say(format!(
+            "warning: no start gate ({e}): batches run ungated, small sizes may be bound by the host's launch rate"
+        ));
     }
     let gated = gate.as_ref().ok().map(|(g, d)| Gated { gate: g, device_ptr: *d });
     let empty = gpu::EmptyKernel::new(&ctx);
     sink.lock().unwrap().message("copy roofline".into());
     let (copy_bytes, copy_t, roof) = roofline(&ctx, &origin, &timer, s, gated).map_err(fatal)?;
-    sink.lock().unwrap().say(format!("{device}: copy roofline {roof:.0} GB/s (read + write of {})", fmt_bytes(copy_bytes)));
+    sink.lock()
+        .unwrap()
+        .say(format!("{device}: copy roofline {roof:.0} GB/s (read + write of {})", fmt_bytes(copy_bytes)));
     let buf_bytes = plan_.sizes.iter().max().map_or(1, |&b| b as usize);
 
     for &n in &plan_.ranks {
@@ -361,7 +451,8 @@ pub fn run(plan_: &Plan, sink: &Mutex<Sink>) -> Result<(), Fatal> {
             let mut c = Record::new("sim", n, dtype_name(*dtype), copy_bytes, COPY, &sub);
             c.status = Status::Ok;
             c.path = "cuMemcpyDtoDAsync, read + write".into();
-            (c.median_us, c.p10_us, c.p90_us, c.algbw_gbps) = (Some(copy_t.median), Some(copy_t.p10), Some(copy_t.p90), Some(roof));
+            (c.median_us, c.p10_us, c.p90_us, c.algbw_gbps) =
+                (Some(copy_t.median), Some(copy_t.p10), Some(copy_t.p90), Some(roof));
             (c.replays, c.batches) = (s.replays.min(20), s.batches);
             sink.push(c, false);
         }

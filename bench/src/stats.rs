@@ -199,7 +199,12 @@ mod tests {
         assert_eq!(parse_bytes("64MiB").unwrap(), 64 << 20);
         assert_eq!(parse_bytes("16mb").unwrap(), 16 << 20);
         assert_eq!(parse_bytes("1.5G").unwrap(), 3 << 29);
-        assert!(parse_bytes("x").is_err() && parse_bytes("4Q").is_err() && parse_bytes("0").is_err() && parse_bytes("1.3").is_err());
+        assert!(
+            parse_bytes("x").is_err()
+                && parse_bytes("4Q").is_err()
+                && parse_bytes("0").is_err()
+                && parse_bytes("1.3").is_err()
+        );
         assert_eq!(fmt_bytes(1024), "1 KiB");
         assert_eq!(fmt_bytes(64 << 20), "64 MiB");
         assert_eq!(fmt_bytes(16_000_000), "15.3 MiB");

@@ -13,12 +13,11 @@
 
 use crate::case::{BiasMode, Case, Mode, Shape, Suite};
 use crate::record::{Record, Status};
-use crate::{data, gpu, stats, RunArgs, Swept};
+use crate::{gpu, stats, RunArgs, Swept};
 use clap::Args;
-use edgellm_allreduce::tuning::{
-    library_id, Machine, RowWidth, Section, SectionKey, TunedOp, Tuning, FILE_NAME,
-};
+use edgellm_allreduce::tuning::{library_id, Machine, RowWidth, Section, SectionKey, TunedOp, Tuning, FILE_NAME};
 use edgellm_allreduce::{DataType, Family, FusedChoice, LinkClass, RANK_COUNTS};
+use edgellm_test_support as data;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -116,7 +115,9 @@ pub fn run(t: TuneArgs) -> i32 {
         (Mode::Real, true) => RANK_COUNTS.into_iter().filter(|&n| n <= gpus).collect(),
     };
     if ranks.is_empty() {
-        eprintln!("error: real mode needs 2 or more GPUs; this machine has {gpus} (tune --mode sim tunes simulated ranks)");
+        eprintln!(
+            "error: real mode needs 2 or more GPUs; this machine has {gpus} (tune --mode sim tunes simulated ranks)"
+        );
         return 2;
     }
     let tokens = match (t.tokens.is_empty(), t.quick) {
@@ -124,10 +125,7 @@ pub fn run(t: TuneArgs) -> i32 {
         (true, false) => (0..=10).map(|p| 1u64 << p).collect(),
         (true, true) => vec![1, 16, 256],
     };
-    let shapes: Vec<(u64, u32)> = tokens
-        .iter()
-        .flat_map(|&k| t.hidden.iter().map(move |&h| (k, h)))
-        .collect();
+    let shapes: Vec<(u64, u32)> = tokens.iter().flat_map(|&k| t.hidden.iter().map(move |&h| (k, h))).collect();
     let args = RunArgs {
         mode: t.mode,
         ranks: ranks.clone(),
@@ -162,17 +160,10 @@ pub fn run(t: TuneArgs) -> i32 {
     };
     print!("{}", crate::record::table(&records));
     if let Err(e) = outcome {
-        eprintln!(
-            "error: the run stopped: {}; no tuning file written (measurements so far: {})",
-            e.0,
-            t.csv.display()
-        );
+        eprintln!("error: the run stopped: {}; no tuning file written (measurements so far: {})", e.0, t.csv.display());
         return 2;
     }
-    let failed = records
-        .iter()
-        .filter(|r| r.status == Status::Failed)
-        .count();
+    let failed = records.iter().filter(|r| r.status == Status::Failed).count();
     if failed > 0 {
         eprintln!("warning: {failed} row(s) FAILED their correctness check: those ways are left out of the tables");
     }
@@ -191,16 +182,8 @@ pub fn run(t: TuneArgs) -> i32 {
             return 2;
         }
     };
-    let measured: Vec<Measurement> = measurements(&records)
-        .into_iter()
-        .filter(|m| kept.contains(&m.nranks))
-        .collect();
-    let tuning = Tuning {
-        machine,
-        links,
-        library: library_id(),
-        sections: sections(&measured, t.tie_percent / 100.0),
-    };
+    let measured: Vec<Measurement> = measurements(&records).into_iter().filter(|m| kept.contains(&m.nranks)).collect();
+    let tuning = Tuning { machine, links, library: library_id(), sections: sections(&measured, t.tie_percent / 100.0) };
     if let Err(e) = tuning.validate() {
         eprintln!("error: the measurements give no valid tables ({e}); nothing written");
         return 2;
@@ -254,10 +237,7 @@ fn links_of(mode: Mode, device: i32, ranks: &[i32]) -> Result<(LinkClass, Vec<i3
     let class_of = |n: i32| {
         let devices: Vec<i32> = (0..n).collect();
         let facts = edgellm_allreduce::pair_facts(&devices, edgellm_allreduce::link_facts);
-        println!(
-            "{n} ranks on GPUs {devices:?}: {}",
-            edgellm_allreduce::describe_links(&facts)
-        );
+        println!("{n} ranks on GPUs {devices:?}: {}", edgellm_allreduce::describe_links(&facts));
         edgellm_allreduce::group_class(&facts)
     };
     let classes: Vec<(i32, LinkClass)> = ranks.iter().map(|&n| (n, class_of(n))).collect();
@@ -358,18 +338,12 @@ pub fn winners(points: &[(u64, FusedChoice, f64)], tie: f64) -> Vec<(u64, FusedC
     }
     let mut out: Vec<(u64, FusedChoice)> = Vec::new();
     for (bytes, ways) in by_size {
-        let mut ways: Vec<(FusedChoice, f64)> = ways
-            .into_iter()
-            .map(|(w, sum, n)| (w, sum / n as f64))
-            .collect();
+        let mut ways: Vec<(FusedChoice, f64)> = ways.into_iter().map(|(w, sum, n)| (w, sum / n as f64)).collect();
         ways.sort_by(|a, b| a.1.total_cmp(&b.1).then(order(a.0).cmp(&order(b.0))));
         let Some(&(fastest, best)) = ways.first() else {
             continue;
         };
-        let tied = |w: FusedChoice| {
-            ways.iter()
-                .any(|&(x, us)| x == w && us <= best * (1.0 + tie.max(0.0)))
-        };
+        let tied = |w: FusedChoice| ways.iter().any(|&(x, us)| x == w && us <= best * (1.0 + tie.max(0.0)));
         let previous = out.last().map(|&(_, w)| w).filter(|&w| tied(w));
         let nccl = Some(FusedChoice::Nccl).filter(|&w| tied(w));
         out.push((bytes, previous.or(nccl).unwrap_or(fastest)));
@@ -410,22 +384,14 @@ pub fn sections(measured: &[Measurement], tie: f64) -> Vec<Section> {
     type Key = (TunedOp, i32, usize, Option<RowWidth>);
     let mut points: BTreeMap<Key, Vec<(u64, FusedChoice, f64)>> = BTreeMap::new();
     for m in measured {
-        points
-            .entry((m.op, m.nranks, dtype_index(m.dtype), m.width))
-            .or_default()
-            .push((m.bytes, m.way, m.us));
+        points.entry((m.op, m.nranks, dtype_index(m.dtype), m.width)).or_default().push((m.bytes, m.way, m.us));
     }
     // (op, ranks) -> type -> width -> rows.
     let mut tables: BTreeMap<(TunedOp, i32), BTreeMap<usize, Tables>> = BTreeMap::new();
     for ((op, n, d, w), p) in points {
         let rows = merge(&winners(&p, tie));
         if !rows.is_empty() {
-            tables
-                .entry((op, n))
-                .or_default()
-                .entry(d)
-                .or_default()
-                .insert(w, rows);
+            tables.entry((op, n)).or_default().entry(d).or_default().insert(w, rows);
         }
     }
     let mut out = Vec::new();
@@ -439,27 +405,15 @@ pub fn sections(measured: &[Measurement], tie: f64) -> Vec<Section> {
             }
         }
         let first = by_type.values().next().cloned();
-        let uniform =
-            by_type.len() == DTYPES.len() && by_type.values().all(|t| Some(t) == first.as_ref());
+        let uniform = by_type.len() == DTYPES.len() && by_type.values().all(|t| Some(t) == first.as_ref());
         let typed: Vec<(Option<DataType>, Tables)> = if uniform {
             vec![(None, first.unwrap_or_default())]
         } else {
-            by_type
-                .into_iter()
-                .map(|(d, t)| (Some(DTYPES[d]), t))
-                .collect()
+            by_type.into_iter().map(|(d, t)| (Some(DTYPES[d]), t)).collect()
         };
         for (dtype, widths) in typed {
             for (width, rows) in widths {
-                out.push(Section {
-                    key: SectionKey {
-                        op,
-                        nranks,
-                        dtype,
-                        width,
-                    },
-                    rows,
-                });
+                out.push(Section { key: SectionKey { op, nranks, dtype, width }, rows });
             }
         }
     }
@@ -494,20 +448,8 @@ mod tests {
             (16 << 20, Nccl, 250.0),
         ];
         let w = winners(&p, 0.0);
-        assert_eq!(
-            w,
-            [
-                (1024, L),
-                (4096, L),
-                (65536, O),
-                (1 << 20, T),
-                (16 << 20, Nccl)
-            ]
-        );
-        assert_eq!(
-            merge(&w),
-            [(4096, L), (65536, O), (1 << 20, T), (u64::MAX, Nccl)]
-        );
+        assert_eq!(w, [(1024, L), (4096, L), (65536, O), (1 << 20, T), (16 << 20, Nccl)]);
+        assert_eq!(merge(&w), [(4096, L), (65536, O), (1 << 20, T), (u64::MAX, Nccl)]);
         // Given in any order, the same.
         let mut shuffled = p.to_vec();
         shuffled.reverse();
@@ -517,18 +459,9 @@ mod tests {
     #[test]
     fn ties_keep_the_previous_winner_then_nccl() {
         // Within 3%: Lamport stays at 4 KiB (previous winner) although the one-shot is faster.
-        let p = [
-            (1024, L, 5.0),
-            (1024, O, 6.0),
-            (4096, L, 6.1),
-            (4096, O, 6.0),
-        ];
+        let p = [(1024, L, 5.0), (1024, O, 6.0), (4096, L, 6.1), (4096, O, 6.0)];
         assert_eq!(winners(&p, 0.03), [(1024, L), (4096, L)]);
-        assert_eq!(
-            winners(&p, 0.0),
-            [(1024, L), (4096, O)],
-            "no tolerance: the fastest"
-        );
+        assert_eq!(winners(&p, 0.0), [(1024, L), (4096, O)], "no tolerance: the fastest");
         // A custom kernel only where it beats NCCL by more than the tolerance.
         let p = [(1 << 20, O, 40.0), (1 << 20, Nccl, 41.0)];
         assert_eq!(winners(&p, 0.03), [(1 << 20, Nccl)]);
@@ -545,9 +478,7 @@ mod tests {
     #[test]
     fn rows_are_monotone_and_end_unbounded() {
         // Alternating winners: one row per size, strictly increasing, the last unbounded.
-        let w: Vec<(u64, FusedChoice)> = (10..20)
-            .map(|p| (1u64 << p, if p % 2 == 0 { L } else { O }))
-            .collect();
+        let w: Vec<(u64, FusedChoice)> = (10..20).map(|p| (1u64 << p, if p % 2 == 0 { L } else { O })).collect();
         let rows = merge(&w);
         assert_eq!(rows.len(), 10);
         assert!(rows.windows(2).all(|r| r[0].0 < r[1].0));
@@ -567,15 +498,7 @@ mod tests {
         way: FusedChoice,
         us: f64,
     ) -> Measurement {
-        Measurement {
-            op,
-            nranks,
-            dtype,
-            width,
-            bytes,
-            way,
-            us,
-        }
+        Measurement { op, nranks, dtype, width, bytes, way, us }
     }
 
     #[test]
@@ -593,34 +516,10 @@ mod tests {
         }
         for w in [RowWidth::Narrow, RowWidth::Wide] {
             ms.push(m(TunedOp::Fused, 2, DataType::Bf16, Some(w), 8192, L, 5.0));
-            ms.push(m(
-                TunedOp::Fused,
-                2,
-                DataType::Bf16,
-                Some(w),
-                1 << 20,
-                Split(Family::OneShot),
-                30.0,
-            ));
+            ms.push(m(TunedOp::Fused, 2, DataType::Bf16, Some(w), 1 << 20, Split(Family::OneShot), 30.0));
         }
-        ms.push(m(
-            TunedOp::Fused,
-            4,
-            DataType::Bf16,
-            Some(RowWidth::Wide),
-            8192,
-            L,
-            5.0,
-        ));
-        ms.push(m(
-            TunedOp::Fused,
-            4,
-            DataType::Bf16,
-            Some(RowWidth::Narrow),
-            8192,
-            O,
-            5.0,
-        ));
+        ms.push(m(TunedOp::Fused, 4, DataType::Bf16, Some(RowWidth::Wide), 8192, L, 5.0));
+        ms.push(m(TunedOp::Fused, 4, DataType::Bf16, Some(RowWidth::Narrow), 8192, O, 5.0));
         let s = sections(&ms, 0.03);
         let keys: Vec<String> = s.iter().map(|s| s.key.to_string()).collect();
         assert_eq!(
@@ -642,10 +541,7 @@ mod tests {
             machine: Machine {
                 host: "h".into(),
                 driver: "d".into(),
-                gpus: vec![edgellm_allreduce::tuning::Gpu {
-                    bus_id: "0000:01:00.0".into(),
-                    name: "G".into(),
-                }],
+                gpus: vec![edgellm_allreduce::tuning::Gpu { bus_id: "0000:01:00.0".into(), name: "G".into() }],
             },
             links: LinkClass::Pcie,
             library: library_id(),
@@ -676,26 +572,19 @@ mod tests {
             rec("lamport", Status::Ok, Some(f64::NAN), "", 2048),
         ];
         let ms = measurements(&records);
-        let got: Vec<(TunedOp, Option<RowWidth>, FusedChoice)> =
-            ms.iter().map(|m| (m.op, m.width, m.way)).collect();
+        let got: Vec<(TunedOp, Option<RowWidth>, FusedChoice)> = ms.iter().map(|m| (m.op, m.width, m.way)).collect();
         assert_eq!(
             got,
             [
                 (TunedOp::Plain, None, Nccl),
                 (TunedOp::Plain, None, L),
                 (TunedOp::Fused, Some(RowWidth::Wide), L),
-                (
-                    TunedOp::Fused,
-                    Some(RowWidth::Narrow),
-                    Split(Family::OneShot)
-                ),
+                (TunedOp::Fused, Some(RowWidth::Narrow), Split(Family::OneShot)),
                 (TunedOp::Fused, Some(RowWidth::Narrow), Nccl),
             ],
             "failed, n/a, AUTO's, the floor, ar_then_norm and unusable times are left out"
         );
-        assert!(ms
-            .iter()
-            .all(|m| m.nranks == 2 && m.dtype == DataType::Bf16));
+        assert!(ms.iter().all(|m| m.nranks == 2 && m.dtype == DataType::Bf16));
     }
 
     #[test]

@@ -29,11 +29,13 @@ fn forward(function: &'static str, call: impl FnOnce(&overlay::BaseApi) -> Optio
 /// result is true when both hold the registration, false (and logged why) when neither does
 /// (a negative device id or a null pointer, refused here; or the base refused it, and then
 /// this library did not store it either).
+/// # Safety
+/// `ncclComm` and `ncclAllReduceFunction` must be a live communicator of `deviceId` and the
+/// `ncclAllReduce` of the NCCL library that made it (or null: refused); they are used until
+/// unregistered.
 #[no_mangle]
 #[allow(non_snake_case)]
-// A C entry point: the pointers are the caller's, passed on to the base unread.
-#[allow(clippy::not_unsafe_ptr_arg_deref)]
-pub extern "C" fn edgellmRegisterNcclCommForAllReducePlugin(
+pub unsafe extern "C" fn edgellmRegisterNcclCommForAllReducePlugin(
     deviceId: c_int,
     ncclComm: *mut c_void,
     ncclAllReduceFunction: *mut c_void,
@@ -63,11 +65,11 @@ pub extern "C" fn edgellmRegisterNcclCommForAllReducePlugin(
 /// logs why) otherwise. The base (Edge-LLM's library, when the overlay has one) is asked too,
 /// in step: true when both removed it, false when neither did (this library's registration
 /// is kept when the base refuses).
+/// # Safety
+/// `ncclComm` is compared, not read; it may be any value.
 #[no_mangle]
 #[allow(non_snake_case)]
-// A C entry point: the pointers are the caller's, passed on to the base unread.
-#[allow(clippy::not_unsafe_ptr_arg_deref)]
-pub extern "C" fn edgellmUnregisterNcclCommForAllReducePlugin(deviceId: c_int, ncclComm: *mut c_void) -> bool {
+pub unsafe extern "C" fn edgellmUnregisterNcclCommForAllReducePlugin(deviceId: c_int, ncclComm: *mut c_void) -> bool {
     guard("edgellmUnregisterNcclCommForAllReducePlugin", || {
         reclaim::free_released_memory();
         device::check_unregistration(deviceId, Comm(ncclComm as usize))?;
@@ -88,11 +90,12 @@ pub extern "C" fn edgellmUnregisterNcclCommForAllReducePlugin(deviceId: c_int, n
 /// replacing another library's AllReducePlugin there; with an overlay base, the base's own
 /// initializer runs first and its other creators are registered in `libNamespace` too.
 /// Returns true unless the registration of AllReducePlugin failed (upstream always returns true).
+/// # Safety
+/// `logger` must be null or an `nvinfer1::ILogger*` that outlives the library's use of it;
+/// `libNamespace` null or a NUL-terminated string.
 #[no_mangle]
 #[allow(non_snake_case)]
-// A C entry point: the pointer's contract is the C header's (null or NUL-terminated).
-#[allow(clippy::not_unsafe_ptr_arg_deref)]
-pub extern "C" fn initEdgellmPlugins(logger: *mut c_void, libNamespace: *const c_char) -> bool {
+pub unsafe extern "C" fn initEdgellmPlugins(logger: *mut c_void, libNamespace: *const c_char) -> bool {
     guard("initEdgellmPlugins", || {
         if !logger.is_null() {
             crate::api::bridge::ffi::set_logger(logger as usize);
@@ -101,9 +104,7 @@ pub extern "C" fn initEdgellmPlugins(logger: *mut c_void, libNamespace: *const c
             ""
         } else {
             // SAFETY: a non-null libNamespace is a NUL-terminated string (the C API contract).
-            unsafe { CStr::from_ptr(libNamespace) }
-                .to_str()
-                .map_err(|_| Error::NamespaceNotUtf8)?
+            unsafe { CStr::from_ptr(libNamespace) }.to_str().map_err(|_| Error::NamespaceNotUtf8)?
         };
         if let Some(init) = overlay::base().and_then(|b| b.api.init) {
             // SAFETY: Edge-LLM's initializer has this signature and takes the caller's arguments
@@ -194,11 +195,12 @@ pub extern "C" fn edgellmAllReduceReleaseWorkspaces(deviceId: c_int) -> bool {
 /// uses (a plugin of Edge-LLM's own library): forwarded to the overlay's base. Returns false
 /// (and logs why) when there is no base or it does not export this function, as upstream
 /// returns false for a registration it cannot take.
+/// # Safety
+/// As Edge-LLM's function of that name (its base receives the pointers unread here): device
+/// buffers of the described sizes that outlive the registration.
 #[no_mangle]
 #[allow(non_snake_case)]
-// A C entry point: the pointers are the caller's, passed on to the base unread.
-#[allow(clippy::not_unsafe_ptr_arg_deref)]
-pub extern "C" fn edgellmRegisterFusedNvfp4WeightResource(
+pub unsafe extern "C" fn edgellmRegisterFusedNvfp4WeightResource(
     deviceId: i32,
     resourceId: i32,
     weight: *const c_void,
@@ -234,11 +236,11 @@ pub extern "C" fn edgellmUnregisterFusedNvfp4WeightResource(deviceId: i32, resou
 /// of `network` (an `nvinfer1::INetworkDefinition*`). Forwarded to the overlay's base; false (and
 /// a log line) without one or when the base does not export it (0.11), which is what upstream
 /// returns when no such layer is found.
+/// # Safety
+/// `network` must be an `nvinfer1::INetworkDefinition*` of the running TensorRT (the base reads it).
 #[no_mangle]
 #[allow(non_snake_case)]
-// A C entry point: the pointers are the caller's, passed on to the base unread.
-#[allow(clippy::not_unsafe_ptr_arg_deref)]
-pub extern "C" fn edgellm_dflash_configure_pages_per_slot(network: *mut c_void, pagesPerSlot: i32) -> bool {
+pub unsafe extern "C" fn edgellm_dflash_configure_pages_per_slot(network: *mut c_void, pagesPerSlot: i32) -> bool {
     const NAME: &str = "edgellm_dflash_configure_pages_per_slot";
     guard(NAME, || {
         let f = overlay::function(NAME, |base| base.dflash_configure_pages_per_slot)?;

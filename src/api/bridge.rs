@@ -3,12 +3,12 @@
 //! fallback), every error is logged once, and C++ sees a `rust::Error` it turns into a status.
 
 use crate::error::{guard, guard_or, Error, Result};
-use ffi::{FieldValue, NcclRegistration, RawField, TensorDesc};
-use crate::tensor::{self, Descs};
+use crate::group::device;
 use crate::plugin::fields::{self, IncomingField, OutgoingField};
 use crate::plugin::PluginCore;
-use crate::group::device;
+use crate::tensor::{self, Descs};
 use crate::{log, overlay};
+use ffi::{FieldValue, NcclRegistration, RawField, TensorDesc};
 
 pub(crate) fn plugin_from_fields(raw: &[RawField]) -> Result<Box<PluginCore>> {
     guard("AllReducePlugin creation", || {
@@ -85,10 +85,14 @@ impl PluginCore {
         output_ptrs: &[usize],
         stream: usize,
     ) -> Result<()> {
-        guard("AllReducePlugin::enqueue", || self.enqueue(&core(inputs)?, &core(outputs)?, input_ptrs, output_ptrs, stream))
+        guard("AllReducePlugin::enqueue", || {
+            self.enqueue(&core(inputs)?, &core(outputs)?, input_ptrs, output_ptrs, stream)
+        })
     }
     pub(crate) fn fields_to_serialize(&self) -> Result<Vec<FieldValue>> {
-        guard("AllReducePlugin::getFieldsToSerialize", || Ok(self.serialized_fields().into_iter().map(field_value).collect()))
+        guard("AllReducePlugin::getFieldsToSerialize", || {
+            Ok(self.serialized_fields().into_iter().map(field_value).collect())
+        })
     }
 }
 
@@ -247,4 +251,3 @@ pub(crate) mod ffi {
         fn register_creator_in_namespace(plugin_namespace: &str) -> bool;
     }
 }
-

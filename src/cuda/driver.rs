@@ -9,8 +9,8 @@
 use crate::error::{Error, Result};
 use cudarc::driver::sys::{
     cuuint64_t, CUatomicOperation, CUcontext, CUdevice, CUdevice_P2PAttribute, CUdevice_attribute, CUdeviceptr,
-    CUfunction, CUfunction_attribute, CUgraph, CUgraphEdgeData, CUgraphNode, CUhostFn, CUipcMemHandle,
-    CUlaunchConfig, CUmodule, CUpointer_attribute, CUstream, CUuserObject,
+    CUfunction, CUfunction_attribute, CUgraph, CUgraphEdgeData, CUgraphNode, CUhostFn, CUipcMemHandle, CUlaunchConfig,
+    CUmodule, CUpointer_attribute, CUstream, CUuserObject,
 };
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::sync::OnceLock;

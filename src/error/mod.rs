@@ -129,10 +129,14 @@ pub enum Error {
     #[error("ncclAllReduce failed with ncclResult_t {0}")]
     Nccl(i32),
 
-    #[error("{function} is served by Edge-LLM's own plugin library (the overlay's base), which cannot serve it: {why}")]
+    #[error(
+        "{function} is served by Edge-LLM's own plugin library (the overlay's base), which cannot serve it: {why}"
+    )]
     BaseUnavailable { function: &'static str, why: String },
 
-    #[error("Edge-LLM's plugin library {path} refused {function}: neither library holds the change (they stay in step)")]
+    #[error(
+        "Edge-LLM's plugin library {path} refused {function}: neither library holds the change (they stay in step)"
+    )]
     BaseRefused { function: &'static str, path: String },
 
     #[error("internal error (a Rust panic was caught at the API boundary): {0}")]
@@ -189,6 +193,9 @@ mod tests {
         let named = Error::Cuda { call: "cuMemAlloc_v2", code: 2, name: Some("CUDA_ERROR_OUT_OF_MEMORY") };
         assert_eq!(named.to_string(), "CUDA call cuMemAlloc_v2 failed with CUDA_ERROR_OUT_OF_MEMORY (2)");
         let unnamed = Error::Cuda { call: "cuLaunchKernelEx", code: 12345, name: None };
-        assert_eq!(unnamed.to_string(), "CUDA call cuLaunchKernelEx failed with CUDA error 12345, which the driver does not name");
+        assert_eq!(
+            unnamed.to_string(),
+            "CUDA call cuLaunchKernelEx failed with CUDA error 12345, which the driver does not name"
+        );
     }
 }

@@ -95,21 +95,13 @@ pub struct SelfTestFailure {
 impl SelfTestFailure {
     /// The problem reported.
     pub fn problem(&self) -> SelfTestProblem {
-        SelfTestProblem {
-            kind: self.kind,
-            a: self.a,
-            b: self.b,
-        }
+        SelfTestProblem { kind: self.kind, a: self.a, b: self.b }
     }
 
     /// Whether a kernel of the test may still run (one did not finish): the memory it may touch
     /// (the workspaces, the result blocks) must never be freed.
     pub fn kernels_may_still_run(&self) -> bool {
-        self.kind == SelfTestKind::DidNotFinish
-            || self
-                .others
-                .iter()
-                .any(|p| p.kind == SelfTestKind::DidNotFinish)
+        self.kind == SelfTestKind::DidNotFinish || self.others.iter().any(|p| p.kind == SelfTestKind::DidNotFinish)
     }
 }
 
@@ -148,42 +140,22 @@ impl fmt::Display for SelfTestFailure {
             )?,
         }
         if !self.others.is_empty() {
-            let listed: Vec<String> = self
-                .others
-                .iter()
-                .take(6)
-                .map(ToString::to_string)
-                .collect();
-            let more = if self.others.len() > listed.len() {
-                ", ..."
-            } else {
-                ""
-            };
-            write!(
-                f,
-                " (and {} more: {}{more})",
-                self.others.len(),
-                listed.join(", ")
-            )?;
+            let listed: Vec<String> = self.others.iter().take(6).map(ToString::to_string).collect();
+            let more = if self.others.len() > listed.len() { ", ..." } else { "" };
+            write!(f, " (and {} more: {}{more})", self.others.len(), listed.join(", "))?;
         }
         if let Some(detail) = &self.detail {
             write!(f, " [{detail}]")?;
         }
         if self.kind == SelfTestKind::NotRun {
-            write!(
-                f,
-                ". That is not a fault of the links: that rank's log says why it did not take part"
-            )?;
+            write!(f, ". That is not a fault of the links: that rank's log says why it did not take part")?;
         } else {
             write!(
                 f,
                 ". Peer-to-peer traffic between these GPUs is broken, so the custom all-reduce kernels would hang or compute wrong sums there. Known fixes: disable PCIe ACS on the switches and root ports between the GPUs (BIOS setting, or setpci), set the IOMMU to passthrough (iommu=pt) or off (intel_iommu=off / amd_iommu=off); NCCL_P2P_DISABLE=1 keeps NCCL off the same path"
             )?;
         }
-        write!(
-            f,
-            "; EDGELLM_ALLREDUCE_STRATEGY=nccl uses NCCL alone (no custom kernels, no self-test)"
-        )
+        write!(f, "; EDGELLM_ALLREDUCE_STRATEGY=nccl uses NCCL alone (no custom kernels, no self-test)")
     }
 }
 

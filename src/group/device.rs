@@ -31,6 +31,9 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+/// A device's group and its rank in it.
+pub(crate) type Membership = (Arc<Group>, i32);
+
 /// What a device's group is.
 #[derive(Clone)]
 enum Slot {
@@ -142,7 +145,10 @@ pub(crate) fn registration(device: i32) -> Option<Registration> {
 
 /// Every registration, by device.
 pub(crate) fn registrations() -> Vec<(i32, Registration)> {
-    table().as_ref().map(|m| m.iter().filter_map(|(&dev, d)| Some((dev, d.registration?))).collect()).unwrap_or_default()
+    table()
+        .as_ref()
+        .map(|m| m.iter().filter_map(|(&dev, d)| Some((dev, d.registration?))).collect())
+        .unwrap_or_default()
 }
 
 pub(crate) fn last_all_reduce() -> usize {
@@ -153,13 +159,13 @@ pub(crate) fn last_all_reduce() -> usize {
 
 /// What enqueue needs of `device`, in one lookup: its registration (an error without one: the
 /// plugin has no path at all) and its group (none: NCCL; an error when it failed).
-pub(crate) fn for_call(device: i32, tp_size: i32) -> Result<(Registration, Option<(Arc<Group>, i32)>)> {
+pub(crate) fn for_call(device: i32, tp_size: i32) -> Result<(Registration, Option<Membership>)> {
     let (registration, slot) = read(device, |d| (d.registration, d.slot.clone())).unwrap_or_default();
     let registration = registration.ok_or(Error::NotRegistered { device, tp_size })?;
     Ok((registration, live(device, slot)?))
 }
 
-fn live(device: i32, slot: Option<Slot>) -> Result<Option<(Arc<Group>, i32)>> {
+fn live(device: i32, slot: Option<Slot>) -> Result<Option<Membership>> {
     match slot {
         None => Ok(None),
         Some(Slot::Live(group, rank)) => Ok(Some((group, rank))),
@@ -168,7 +174,7 @@ fn live(device: i32, slot: Option<Slot>) -> Result<Option<(Arc<Group>, i32)>> {
 }
 
 /// The group `device` belongs to, and its rank there (none for a failed group).
-pub fn group_for(device: i32) -> Option<(Arc<Group>, i32)> {
+pub fn group_for(device: i32) -> Option<Membership> {
     live(device, read(device, |d| d.slot.clone()).flatten()).unwrap_or_default()
 }
 

@@ -10,15 +10,15 @@
 //! blocks until all have. Every rank takes part in both gathers even after a local failure, so
 //! none waits forever.
 
-use crate::nccl::communicator::{self, CommInfo};
 use crate::config::Requested;
-use crate::launch::contract::{EAR_MAX_BLOCKS, EAR_PROTOCOL_ID};
 use crate::cuda::{self, IpcMapping};
 use crate::error::{Error, Result};
-use crate::group::{self, Group, Member};
 use crate::group::device::Registration;
 use crate::group::selftest::{self, Bounds, RankVerdict, VERDICT_BYTES};
+use crate::group::{self, Group, Member};
+use crate::launch::contract::{EAR_MAX_BLOCKS, EAR_PROTOCOL_ID};
 use crate::link::{self, LinkClass, PairFacts};
+use crate::nccl::communicator::{self, CommInfo};
 
 /// The settings that decide which kernel a call runs, and so must be the same on every rank.
 /// (The grid cap may differ: the group takes the smallest. The timeout and PDL act on one rank
@@ -39,12 +39,14 @@ pub(crate) struct Settings {
     pub tuning: u64,
 }
 
-const STRATEGIES: [Requested; 5] = [Requested::Nccl, Requested::OneShot, Requested::TwoShot, Requested::Lamport, Requested::Auto];
+const STRATEGIES: [Requested; 5] =
+    [Requested::Nccl, Requested::OneShot, Requested::TwoShot, Requested::Lamport, Requested::Auto];
 
 impl Settings {
     /// This process's settings for a communicator of `nranks`.
     pub(crate) fn local(nranks: i32) -> Settings {
-        let strategy = crate::config().strategy.and_then(|s| STRATEGIES.iter().position(|&k| k == s)).map_or(0, |i| i as u32 + 1);
+        let strategy =
+            crate::config().strategy.and_then(|s| STRATEGIES.iter().position(|&k| k == s)).map_or(0, |i| i as u32 + 1);
         let tuning = crate::launch::tuning::active_fingerprint();
         Settings { strategy, max_bytes: group::max_message_bytes(nranks), tables: tables_fingerprint(tuning), tuning }
     }
@@ -124,7 +126,12 @@ impl Record {
             host: u64_at(24),
             handle: b[32..96].try_into().unwrap(),
             max_blocks: u32_at(96),
-            settings: Settings { strategy: u32_at(100), max_bytes: u64_at(16), tables: u64_at(104), tuning: u64_at(112) },
+            settings: Settings {
+                strategy: u32_at(100),
+                max_bytes: u64_at(16),
+                tables: u64_at(104),
+                tuning: u64_at(112),
+            },
             bus: b[120..136].try_into().unwrap(),
         })
     }
@@ -173,7 +180,10 @@ fn agree(records: &[Option<Record>], nranks: i32) -> std::result::Result<u32, St
 }
 
 fn not_ours(r: usize) -> String {
-    format!("rank {r}'s record is not this build's (another kernel protocol than {:?}) or is garbled", std::str::from_utf8(&EAR_PROTOCOL_ID.to_be_bytes()).unwrap_or("?"))
+    format!(
+        "rank {r}'s record is not this build's (another kernel protocol than {:?}) or is garbled",
+        std::str::from_utf8(&EAR_PROTOCOL_ID.to_be_bytes()).unwrap_or("?")
+    )
 }
 
 /// FNV-1a of the host name: ranks on different hosts never form a group (multi-node: NCCL).
@@ -181,7 +191,9 @@ fn host_id() -> u64 {
     let mut name = [0u8; 256];
     // SAFETY: gethostname writes at most name.len() bytes.
     unsafe { libc::gethostname(name.as_mut_ptr().cast(), name.len()) };
-    name.iter().take_while(|&&c| c != 0).fold(0xcbf2_9ce4_8422_2325u64, |h, &c| (h ^ c as u64).wrapping_mul(0x100_0000_01b3))
+    name.iter()
+        .take_while(|&&c| c != 0)
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, &c| (h ^ c as u64).wrapping_mul(0x100_0000_01b3))
 }
 
 /// The exchange for `device`, rank `info.rank` of `registration`'s communicator (whose rank
@@ -235,16 +247,21 @@ pub(crate) fn exchange(device: i32, registration: &Registration, info: CommInfo,
             }
         } else if let Ok(all) = &gathered {
             // No workspace here: still say why the others will not form a group.
-            verdict_here = agree(&all.chunks_exact(RECORD_BYTES).map(Record::decode).collect::<Vec<_>>(), info.nranks).map(|_| 0);
+            verdict_here =
+                agree(&all.chunks_exact(RECORD_BYTES).map(Record::decode).collect::<Vec<_>>(), info.nranks).map(|_| 0);
         }
         // Second round: everyone learns whether everyone mapped everything, and the links each
         // saw (the group takes the worst, the same on every rank).
-        let second = communicator::all_gather(registration, info.nranks, &[verdict_here.is_ok() as u8, links_here.code()]);
+        let second =
+            communicator::all_gather(registration, info.nranks, &[verdict_here.is_ok() as u8, links_here.code()]);
         if let (Some(group), Some(m)) = (&mut group, member) {
             group.members[info.rank as usize] = Some(m); // from here on Drop releases it
         }
         let (all_mapped, links) = match &second {
-            Ok(all) => (all.chunks_exact(2).all(|p| p[0] == 1), all.chunks_exact(2).map(|p| LinkClass::from_code(p[1]).unwrap_or(LinkClass::NoPeer)).max()),
+            Ok(all) => (
+                all.chunks_exact(2).all(|p| p[0] == 1),
+                all.chunks_exact(2).map(|p| LinkClass::from_code(p[1]).unwrap_or(LinkClass::NoPeer)).max(),
+            ),
             Err(_) => (false, None),
         };
         // Third round, when every rank mapped every workspace (all ranks know it alike): the peer
@@ -258,12 +275,20 @@ pub(crate) fn exchange(device: i32, registration: &Registration, info: CommInfo,
             (Ok(_), Ok(_), Some(mut group)) if all_mapped => {
                 tested.unwrap_or(Ok(()))?;
                 group.links = links.unwrap_or(LinkClass::NoPeer);
-                crate::log::info(&format!("device {device}: rank {} of {}: links as the ranks saw them: {}", info.rank, info.nranks, describe_class(group.links)));
+                crate::log::info(&format!(
+                    "device {device}: rank {} of {}: links as the ranks saw them: {}",
+                    info.rank,
+                    info.nranks,
+                    describe_class(group.links)
+                ));
                 Ok(group)
             }
             (_, Ok(all), _) => Err(Error::ExchangeRefused(match verdict_here {
                 Err(why) => why,
-                Ok(_) => format!("rank {} could not map every workspace", all.chunks_exact(2).position(|p| p[0] != 1).unwrap_or(0)),
+                Ok(_) => format!(
+                    "rank {} could not map every workspace",
+                    all.chunks_exact(2).position(|p| p[0] != 1).unwrap_or(0)
+                ),
             })),
         }
     })
@@ -295,7 +320,13 @@ fn self_test(registration: &Registration, info: CommInfo, group: &Group) -> Resu
     let verdicts: Vec<RankVerdict> = chunks
         .iter()
         .enumerate()
-        .map(|(r, c)| if c[0] == 1 { RankVerdict::decode(&c[1..], r as i32, info.nranks) } else { RankVerdict::not_run(r as i32, info.nranks, -1) })
+        .map(|(r, c)| {
+            if c[0] == 1 {
+                RankVerdict::decode(&c[1..], r as i32, info.nranks)
+            } else {
+                RankVerdict::not_run(r as i32, info.nranks, -1)
+            }
+        })
         .collect();
     selftest::decide(&verdicts).map_err(|failure| {
         if failure.kernels_may_still_run() {
@@ -349,90 +380,4 @@ fn describe_class(class: LinkClass) -> &'static str {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const SETTINGS: Settings = Settings { strategy: 0, max_bytes: 16_000_000, tables: 0x1234, tuning: 0 };
-
-    fn record(rank: i32) -> Record {
-        Record { ok: true, nranks: 2, rank, host: host_id(), handle: [rank as u8; 64], max_blocks: 128 - rank as u32, settings: SETTINGS, bus: bus_bytes("0000:17:00.0") }
-    }
-    fn round_trip(r: &Record) -> Option<Record> {
-        Record::decode(&r.encode())
-    }
-
-    #[test]
-    fn exchange_records_round_trip() {
-        let mut r = record(1);
-        r.settings.strategy = 4;
-        r.settings.tuning = 0xfeed_beef_0000_0001;
-        assert_eq!(round_trip(&r), Some(r));
-        assert_eq!(r.encode().len(), 256, "the record's size never changes");
-        assert!(Record::decode(&[0u8; RECORD_BYTES]).is_none(), "no magic, no record");
-        assert!(Record::decode(&[0u8; 8]).is_none());
-        for older in [0x4541_5232u32, 0x4541_5234, 0x4541_5235, 0x4541_5236, 0x4541_5237, 0x4541_5238] {
-            // "EAR2": two-shot with a barrier; "EAR4": unbounded waits, no abort word; "EAR5":
-            // either bounded waits or the pulling two-shot at 4+ ranks, not both; "EAR6": no
-            // pointer slots (a 32 KiB signal region); "EAR7": 8-byte pointer slots, released;
-            // "EAR8": no self-test area (a shorter workspace).
-            let mut b = record(1).encode();
-            b[0..4].copy_from_slice(&older.to_le_bytes());
-            assert!(Record::decode(&b).is_none(), "a build with an earlier kernel protocol");
-        }
-    }
-
-    /// The verdict of two ranks when rank 1's record is changed by `f`.
-    fn verdict(f: &dyn Fn(&mut Record)) -> std::result::Result<u32, String> {
-        let mut one = record(1);
-        f(&mut one);
-        agree(&[round_trip(&record(0)), round_trip(&one)], 2)
-    }
-
-    #[test]
-    fn all_ranks_join_or_none_and_the_log_names_the_difference() {
-        assert_eq!(verdict(&|_| {}), Ok(127), "the smallest grid cap");
-        assert_eq!(verdict(&|r| r.max_blocks = 66), Ok(66), "grid caps may differ: the group takes the smallest");
-        let refused = [
-            (verdict(&|r| r.ok = false), "rank 1 has no workspace"),
-            (verdict(&|r| r.host ^= 1), "rank 1 runs on another host"),
-            (verdict(&|r| r.settings.max_bytes = 8_000_000), "up to 8000000 bytes on rank 1, 16000000 on rank 0"),
-            (verdict(&|r| r.settings.strategy = 1), "EDGELLM_ALLREDUCE_STRATEGY is NCCL on rank 1, unset on rank 0"),
-            (verdict(&|r| r.settings.strategy = 4), "is LAMPORT on rank 1"),
-            (verdict(&|r| r.settings.tables ^= 1), "other AUTO tables than rank 0 (another build of the library)"),
-            (
-                verdict(&|r| {
-                    r.settings.tuning = 0xabcd;
-                    r.settings.tables = tables_fingerprint(0xabcd);
-                }),
-                "their tuning files differ (tables 000000000000abcd on rank 1, none on rank 0; EDGELLM_ALLREDUCE_TUNING",
-            ),
-            (verdict(&|r| r.rank = 0), "rank 1 reports rank 0 of 2"),
-            (verdict(&|r| r.nranks = 4), "rank 1 reports rank 1 of 4"),
-            (verdict(&|r| r.max_blocks = 0), "grid cap of 0"),
-            (verdict(&|r| r.max_blocks = EAR_MAX_BLOCKS + 1), "grid cap of 129"),
-            (agree(&[round_trip(&record(0)), None], 2), "rank 1's record is not this build's (another kernel protocol than \"EAR9\")"),
-            (agree(&[round_trip(&record(0))], 2), "1 records for 2 ranks"),
-        ];
-        for (v, says) in refused {
-            let why = v.expect_err(says);
-            assert!(why.contains(says), "{why:?} should say {says:?}");
-        }
-        // The same verdict on every rank: it depends on the records, not on who evaluates them.
-        let records = [round_trip(&record(0)), round_trip(&Record { ok: false, ..record(1) })];
-        assert_eq!(agree(&records, 2), agree(&records.clone(), 2));
-    }
-
-    #[test]
-    fn the_local_settings_name_every_knob_that_changes_the_path() {
-        let s = Settings::local(2);
-        assert_eq!(s.max_bytes, group::max_message_bytes(2));
-        assert_eq!(s.tables, tables_fingerprint(s.tuning), "a pure function of the build and the tuning file");
-        assert_eq!(s.tuning, 0, "no tuning file in the tests' environment");
-        assert_eq!(tables_fingerprint(0), crate::launch::strategy::builtin_fingerprint());
-        assert_ne!(tables_fingerprint(1), tables_fingerprint(0), "a tuning file changes the tables");
-        assert_ne!(tables_fingerprint(1), tables_fingerprint(2));
-        assert_ne!(s.tables, 0);
-        assert_eq!(Settings { strategy: 5, ..s }.strategy_name(), "AUTO");
-        assert_eq!(Settings { strategy: 0, ..s }.strategy_name(), "unset");
-    }
-}
+mod tests;

@@ -4,9 +4,9 @@
 //! when it gives up waiting for a peer or finds its group aborted or released
 //! (`kernels/wait.cuh`). Enqueue and `edgellmAllReduceLastError` read it with a plain load.
 
-use crate::launch::contract::{EAR_FAULT_ABORTED, EAR_FAULT_RELEASED, EAR_FAULT_TIMEOUT};
 use crate::cuda::{self, DevicePtr};
 use crate::error::Result;
+use crate::launch::contract::{EAR_FAULT_ABORTED, EAR_FAULT_RELEASED, EAR_FAULT_TIMEOUT};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 
@@ -80,7 +80,8 @@ fn words() -> Option<&'static [AtomicU64]> {
 /// on first use, in the current context (setup time; mapped into every context).
 pub(crate) fn word(device: i32) -> Result<DevicePtr> {
     static ALLOCATING: Mutex<()> = Mutex::new(());
-    let index = usize::try_from(device).ok().filter(|&d| d < MAX_DEVICES).ok_or(crate::error::Error::DeviceOrdinal(device))?;
+    let index =
+        usize::try_from(device).ok().filter(|&d| d < MAX_DEVICES).ok_or(crate::error::Error::DeviceOrdinal(device))?;
     let page = match PAGE.get() {
         Some(&page) => page,
         None => {

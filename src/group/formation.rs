@@ -40,7 +40,10 @@ pub(crate) fn on_register(device: i32, registration: Registration, explicit: boo
         return;
     };
     if info.device != device {
-        crate::log::warning(&format!("device {device}: its communicator is on device {}; the NCCL path only", info.device));
+        crate::log::warning(&format!(
+            "device {device}: its communicator is on device {}; the NCCL path only",
+            info.device
+        ));
         return;
     }
     // Every rank of the communicator sees the same count: they all stop here, before any
@@ -84,7 +87,8 @@ pub(crate) fn on_register(device: i32, registration: Registration, explicit: boo
     let devices: Vec<i32> = ranks.iter().map(|&(d, _)| d).collect();
     match Group::in_process(&devices, max_bytes) {
         Ok(group) => {
-            let ranks: Vec<(i32, i32, Registration)> = ranks.iter().zip(0..).map(|(&(d, reg), r)| (d, r, reg)).collect();
+            let ranks: Vec<(i32, i32, Registration)> =
+                ranks.iter().zip(0..).map(|(&(d, reg), r)| (d, r, reg)).collect();
             if install(&Arc::new(group), &ranks) {
                 crate::log::info(&format!(
                     "custom all-reduce ready: {} ranks on devices {devices:?}, messages up to {max_bytes} bytes, {} MiB of workspace per rank",

@@ -215,7 +215,11 @@ impl Group {
     /// A fault a kernel of this group recorded on one of this process's ranks (a plain load of
     /// host memory: no synchronization). A group with a fault is dead on every rank.
     pub fn fault(&self) -> Option<Fault> {
-        self.members.iter().flatten().find_map(|m| fault::read(m.device).filter(|r| r.generation == self.generation)).map(|r| r.fault)
+        self.members
+            .iter()
+            .flatten()
+            .find_map(|m| fault::read(m.device).filter(|r| r.generation == self.generation))
+            .map(|r| r.fault)
     }
 
     /// Whether [`Group::retire`] ran.
@@ -233,7 +237,9 @@ impl Group {
             return;
         }
         for m in self.members.iter().flatten() {
-            if let Err(e) = cuda::with_device(m.device, || cuda::synchronize().and_then(|()| cuda::write_word(m.abort_word(), EAR_FAULT_RELEASED))) {
+            if let Err(e) = cuda::with_device(m.device, || {
+                cuda::synchronize().and_then(|()| cuda::write_word(m.abort_word(), EAR_FAULT_RELEASED))
+            }) {
                 crate::log::warning(&format!("device {}: retiring a released group: {e}", m.device));
             }
         }
@@ -325,7 +331,10 @@ mod tests {
     #[test]
     fn the_pointer_exchange_needs_every_link_in_both_directions() {
         assert!(every_ordered_pair(&[0, 1, 2, 3], |_, _| true));
-        assert!(!every_ordered_pair(&[0, 1, 2, 3], |a, b| !(a == 3 && b == 0)), "one direction of one link is enough to say no");
+        assert!(
+            !every_ordered_pair(&[0, 1, 2, 3], |a, b| !(a == 3 && b == 0)),
+            "one direction of one link is enough to say no"
+        );
         let asked = std::cell::RefCell::new(Vec::new());
         every_ordered_pair(&[0, 1], |a, b| {
             asked.borrow_mut().push((a, b));

@@ -61,7 +61,13 @@ pub(crate) struct CallPlan {
 /// Plans `call` on `device` (the current device) on `stream`: the device's registration and
 /// group in one lookup (a fault found since the last call fails the group and this call), the
 /// strategy's path, the stream's claim on the rank (another stream runs NCCL), then the kernels.
-pub(crate) fn plan_call(device: i32, requested: Requested, call: &Call, tensors: &Tensors, stream: Stream) -> Result<CallPlan> {
+pub(crate) fn plan_call(
+    device: i32,
+    requested: Requested,
+    call: &Call,
+    tensors: &Tensors,
+    stream: Stream,
+) -> Result<CallPlan> {
     let (registration, group) = device::for_call(device, call.tp_size)?;
     if let Some((g, _)) = &group {
         // A kernel of the group gave up (or found it aborted) since the last call: that call's
@@ -155,7 +161,14 @@ impl Group {
     /// Rank `rank`'s launch of `family` for `message` (a plain sum, or the fused op when it has
     /// rows) on `tensors`: its kernel, grid and block, and call flags. Refused once the group is
     /// retired or has a fault (its kernels would do nothing).
-    pub(crate) fn plan(&self, rank: i32, family: Family, dtype: DataType, message: &Message, tensors: &Tensors) -> Result<Launch> {
+    pub(crate) fn plan(
+        &self,
+        rank: i32,
+        family: Family,
+        dtype: DataType,
+        message: &Message,
+        tensors: &Tensors,
+    ) -> Result<Launch> {
         let member = self.member(rank)?;
         if self.is_retired() {
             return Err(Error::Released);
@@ -164,12 +177,17 @@ impl Group {
             return Err(Error::GroupFault { device: member.device, why: fault.describe() });
         }
         let op = plan::op(message);
-        let function = member.kernels.function(family, op, dtype, self.nranks).ok_or_else(|| Error::NoKernel(family::kernel_name(family, op, dtype, self.nranks)))?;
+        let function = member
+            .kernels
+            .function(family, op, dtype, self.nranks)
+            .ok_or_else(|| Error::NoKernel(family::kernel_name(family, op, dtype, self.nranks)))?;
         let mut plan = plan::kernel(family, dtype, message, self.nranks, self.max_blocks);
         if op == Op::AllReduce {
             let (input, output, _) = tensors.sum_operands();
             let (device, one_device) = (member.device, self.one_device());
-            plan.flags = plan::call_flags(family, self.exchanges_pointers(), input == output, || plan::peers_reach(device, one_device, cuda::device_memory(input)));
+            plan.flags = plan::call_flags(family, self.exchanges_pointers(), input == output, || {
+                plan::peers_reach(device, one_device, cuda::device_memory(input))
+            });
         }
         Ok(Launch { function, plan, pdl: member.kernels.pdl })
     }
@@ -198,7 +216,14 @@ impl Group {
     }
 
     /// Rank `rank`'s part of the parameters of one call.
-    fn params(&self, rank: i32, input: DevicePtr, output: DevicePtr, count: u64, flags: u32) -> Result<EarAllReduceParams> {
+    fn params(
+        &self,
+        rank: i32,
+        input: DevicePtr,
+        output: DevicePtr,
+        count: u64,
+        flags: u32,
+    ) -> Result<EarAllReduceParams> {
         let member = self.member(rank)?;
         Ok(EarAllReduceParams {
             peer_ws: self.peer_ws.map(DevicePtr::as_mut),
@@ -223,7 +248,9 @@ impl Group {
     /// devices carry them (`Group::links_exchange`). It depends on the group only, so every
     /// rank of a call gives the same answer, as the flag requires.
     fn exchanges_pointers(&self) -> bool {
-        self.nranks >= 4 && self.links_exchange && self.members.iter().all(|m| m.as_ref().is_some_and(|m| m.kernels.sm90_code))
+        self.nranks >= 4
+            && self.links_exchange
+            && self.members.iter().all(|m| m.as_ref().is_some_and(|m| m.kernels.sm90_code))
     }
 
     /// Enqueues rank `rank`'s part of one all-reduce on `stream` (a stream of that rank's
@@ -234,9 +261,24 @@ impl Group {
     /// rank's device, and every rank of the group must enqueue the same call (family, dtype,
     /// count) in the same order.
     #[allow(clippy::too_many_arguments)] // one call's operands, as enqueue receives them
-    pub unsafe fn launch(&self, rank: i32, family: Family, dtype: DataType, input: DevicePtr, output: DevicePtr, count: usize, stream: Stream) -> Result<()> {
+    pub unsafe fn launch(
+        &self,
+        rank: i32,
+        family: Family,
+        dtype: DataType,
+        input: DevicePtr,
+        output: DevicePtr,
+        count: usize,
+        stream: Stream,
+    ) -> Result<()> {
         let tensors = Tensors::Sum { input, output, count: count as u64 };
-        let launch = self.plan(rank, family, dtype, &Message { bytes: count as u64 * dtype.size() as u64, rows: None }, &tensors)?;
+        let launch = self.plan(
+            rank,
+            family,
+            dtype,
+            &Message { bytes: count as u64 * dtype.size() as u64, rows: None },
+            &tensors,
+        )?;
         // SAFETY: the caller's contract.
         unsafe { self.run(rank, &launch, &tensors, stream) }
     }
@@ -245,9 +287,19 @@ impl Group {
     ///
     /// # Safety
     /// As [`Group::launch`], for every tensor of `call`.
-    pub unsafe fn launch_fused(&self, rank: i32, family: Family, dtype: DataType, call: &FusedCall, stream: Stream) -> Result<()> {
+    pub unsafe fn launch_fused(
+        &self,
+        rank: i32,
+        family: Family,
+        dtype: DataType,
+        call: &FusedCall,
+        stream: Stream,
+    ) -> Result<()> {
         let tensors = Tensors::Fused(*call);
-        let message = Message { bytes: call.tokens * call.hidden as u64 * dtype.size() as u64, rows: Some((call.tokens, call.hidden)) };
+        let message = Message {
+            bytes: call.tokens * call.hidden as u64 * dtype.size() as u64,
+            rows: Some((call.tokens, call.hidden)),
+        };
         let launch = self.plan(rank, family, dtype, &message, &tensors)?;
         // SAFETY: the caller's contract.
         unsafe { self.run(rank, &launch, &tensors, stream) }

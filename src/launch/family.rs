@@ -99,7 +99,6 @@ impl Family {
             Family::Lamport => EAR_FAMILY_LAMPORT,
         }
     }
-
 }
 
 /// `ear_<stem>_<t>_n<N>`: the name of a family's kernel.
@@ -176,7 +175,10 @@ mod tests {
     #[test]
     fn kernel_names_say_algorithm_and_sync() {
         assert_eq!(kernel_name(Family::Lamport, Op::AllReduce, DataType::Bf16, 8), "ear_oneshot_lamport_bf16_n8");
-        assert_eq!(kernel_name(Family::OneShot, Op::ResidualRmsNorm, DataType::Half, 2), "ear_oneshot_barrier_norm_f16_n2");
+        assert_eq!(
+            kernel_name(Family::OneShot, Op::ResidualRmsNorm, DataType::Half, 2),
+            "ear_oneshot_barrier_norm_f16_n2"
+        );
         assert_eq!(kernel_name(Family::TwoShot, Op::AllReduce, DataType::Float, 2), "ear_twoshot_polled_f32_n2");
         assert_eq!(kernel_name(Family::TwoShot, Op::AllReduce, DataType::Float, 16), "ear_twoshot_barrier_f32_n16");
         assert_eq!(norm_kernel_name(DataType::Float), "ear_residual_rmsnorm_f32");
@@ -192,7 +194,10 @@ mod tests {
             assert!(!Family::OneShot.writes_into_peers(Op::AllReduce, n));
             assert!(!Family::OneShot.writes_into_peers(Op::ResidualRmsNorm, n));
             assert!(Family::TwoShot.writes_into_peers(Op::ResidualRmsNorm, n));
-            assert_eq!(Family::TwoShot.writes_into_peers(Op::AllReduce, n), Family::TwoShot.stem(Op::AllReduce, n) == "twoshot_polled");
+            assert_eq!(
+                Family::TwoShot.writes_into_peers(Op::AllReduce, n),
+                Family::TwoShot.stem(Op::AllReduce, n) == "twoshot_polled"
+            );
         }
     }
 
@@ -205,7 +210,11 @@ mod tests {
         assert_eq!(lamport_max_bytes(16 << 20), 2 << 20);
         assert_eq!(lamport_max_bytes(1 << 20), 1 << 20);
         assert_eq!(state_bytes(), 32 * EAR_MAX_BLOCKS as usize, "one copy of the counters per CTA index");
-        assert_eq!(abort_offset(), 8 * EAR_MAX_BLOCKS as u64 * crate::launch::contract::EAR_MAX_RANKS as u64, "the abort word follows the signal slots");
+        assert_eq!(
+            abort_offset(),
+            8 * EAR_MAX_BLOCKS as u64 * crate::launch::contract::EAR_MAX_RANKS as u64,
+            "the abort word follows the signal slots"
+        );
     }
 
     #[test]

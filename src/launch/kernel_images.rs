@@ -19,7 +19,10 @@ pub(crate) fn parse(images: &str) -> Vec<Image> {
         .split_whitespace()
         .filter_map(|w| {
             let number = |s: &str| s.parse::<u32>().ok();
-            w.strip_prefix("sm_").and_then(number).map(Image::Sass).or_else(|| w.strip_prefix("compute_").and_then(number).map(Image::Ptx))
+            w.strip_prefix("sm_")
+                .and_then(number)
+                .map(Image::Sass)
+                .or_else(|| w.strip_prefix("compute_").and_then(number).map(Image::Ptx))
         })
         .collect()
 }
@@ -54,7 +57,13 @@ pub(crate) fn load_error_name(code: i32) -> &'static str {
 
 /// The one warning of a device whose kernel modules did not all load: why, and what runs
 /// instead. `failed`: (module, CUDA error code) of each module that failed.
-pub(crate) fn unavailable_message(device: i32, cc: u32, images: &str, failed: &[(&str, i32)], norm_loaded: bool) -> String {
+pub(crate) fn unavailable_message(
+    device: i32,
+    cc: u32,
+    images: &str,
+    failed: &[(&str, i32)],
+    norm_loaded: bool,
+) -> String {
     let why = if runnable(&parse(images), cc).is_none() {
         format!("no kernel image of this library runs on this GPU (it holds {images})")
     } else {
@@ -62,7 +71,11 @@ pub(crate) fn unavailable_message(device: i32, cc: u32, images: &str, failed: &[
             failed.iter().map(|(m, code)| format!("{m} ({}, {code})", load_error_name(*code))).collect();
         format!("kernel modules failed to load: {}", modules.join(", "))
     };
-    let fused = if norm_loaded { "" } else { "; the fused residual + RMSNorm op cannot run on it (such plugins fail at configure time)" };
+    let fused = if norm_loaded {
+        ""
+    } else {
+        "; the fused residual + RMSNorm op cannot run on it (such plugins fail at configure time)"
+    };
     format!(
         "device {device} (sm_{cc}): {why}. The custom all-reduce kernels are off on this device: all-reduce uses NCCL (tp_size 1: a copy){fused}"
     )
@@ -74,7 +87,10 @@ mod tests {
 
     #[test]
     fn image_lists_parse() {
-        assert_eq!(parse("sm_80 sm_121 compute_80 compute_121"), [Image::Sass(80), Image::Sass(121), Image::Ptx(80), Image::Ptx(121)]);
+        assert_eq!(
+            parse("sm_80 sm_121 compute_80 compute_121"),
+            [Image::Sass(80), Image::Sass(121), Image::Ptx(80), Image::Ptx(121)]
+        );
         assert_eq!(parse("sm_x compute_ bogus"), [], "malformed words are skipped");
     }
 
@@ -121,7 +137,12 @@ mod tests {
     #[test]
     fn the_warning_says_why_and_what_runs_instead() {
         let m = unavailable_message(0, 90, "sm_100 compute_100", &[("oneshot", 209), ("fused_norm", 209)], false);
-        assert!(m.starts_with("device 0 (sm_90): no kernel image of this library runs on this GPU (it holds sm_100 compute_100)"), "{m}");
+        assert!(
+            m.starts_with(
+                "device 0 (sm_90): no kernel image of this library runs on this GPU (it holds sm_100 compute_100)"
+            ),
+            "{m}"
+        );
         assert!(m.contains("all-reduce uses NCCL (tp_size 1: a copy)"), "{m}");
         assert!(m.contains("fused residual + RMSNorm op cannot run"), "{m}");
         let m = unavailable_message(1, 90, "sm_90 compute_90", &[("twoshot", 2)], true);

@@ -9,7 +9,6 @@ use crate::launch::family::{self, Family, Op, RANK_COUNTS, TYPES};
 use crate::tensor::DataType;
 use std::collections::HashMap;
 
-
 include!(concat!(env!("OUT_DIR"), "/kernels.rs"));
 
 /// The peer self-test's kernel (`kernels/selftest.cu`): a group runs it before its custom kernels
@@ -77,7 +76,13 @@ impl DeviceKernels {
         })?;
         let unavailable = (!failed.is_empty()).then(|| {
             let cc = cuda::compute_capability(device).unwrap_or(major as u32 * 10);
-            let message = crate::launch::kernel_images::unavailable_message(device, cc, IMAGES, &failed, norms.len() == TYPES.len());
+            let message = crate::launch::kernel_images::unavailable_message(
+                device,
+                cc,
+                IMAGES,
+                &failed,
+                norms.len() == TYPES.len(),
+            );
             crate::log::warning(&message);
             message
         });
@@ -131,7 +136,9 @@ mod tests {
     #[test]
     fn every_kernel_file_is_embedded() {
         let names: Vec<_> = MODULES.iter().map(|(n, _, _)| *n).collect();
-        for family in ["oneshot", "twoshot", "lamport", "oneshot_norm", "twoshot_norm", "lamport_norm", "rmsnorm", "selftest"] {
+        for family in
+            ["oneshot", "twoshot", "lamport", "oneshot_norm", "twoshot_norm", "lamport_norm", "rmsnorm", "selftest"]
+        {
             assert!(names.contains(&family), "{family} missing from {names:?}");
         }
         assert!(MODULES.iter().all(|(_, image, _)| image.len() > 1024), "fatbins are not empty");
@@ -164,11 +171,15 @@ mod tests {
         // The modules define nothing else but the two two-shots at the rank counts the other one
         // serves (twoshot_polled at 4+ ranks, twoshot_barrier at 2): the simulations and
         // tools/gpu/twoshot_stages.cu compare them at every rank count; the loader never asks.
-        let spare: Vec<&str> = MODULES.iter().flat_map(|m| m.2.iter().copied()).filter(|d| !names.iter().any(|n| n == d)).collect();
+        let spare: Vec<&str> =
+            MODULES.iter().flat_map(|m| m.2.iter().copied()).filter(|d| !names.iter().any(|n| n == d)).collect();
         assert_eq!(spare.len(), 3 * 4 + 3, "{spare:?}");
         for name in spare {
             let polled_wide = name.starts_with("ear_twoshot_polled_") && !name.ends_with("_n2");
-            assert!(polled_wide || (name.starts_with("ear_twoshot_barrier_") && name.ends_with("_n2")), "{name} is defined but never loaded");
+            assert!(
+                polled_wide || (name.starts_with("ear_twoshot_barrier_") && name.ends_with("_n2")),
+                "{name} is defined but never loaded"
+            );
         }
     }
 }

@@ -9,13 +9,14 @@ pub(crate) mod kernel_images;
 pub(crate) mod kernels;
 pub(crate) mod plan;
 pub(crate) mod strategy;
+pub(crate) mod tables;
 pub mod tuning;
 
 use crate::cuda::DevicePtr;
-use contract::{EarAllReduceParams, EarFusedParams};
-use family::Family;
 use crate::link::LinkClass;
 use crate::tensor::DataType;
+use contract::{EarAllReduceParams, EarFusedParams};
+use family::Family;
 
 /// A message as the kernels see it: its bytes, and for the fused op its rows.
 #[derive(Clone, Copy, Debug)]
@@ -97,7 +98,13 @@ impl FusedCall {
     /// # Safety
     /// Every address must be a 16-byte aligned device buffer of the current device of the
     /// described size; `x_reduced` may equal `normed`.
-    pub unsafe fn launch_norm(&self, kernels: &kernels::DeviceKernels, dtype: DataType, x_reduced: DevicePtr, stream: crate::cuda::Stream) -> crate::Result<()> {
+    pub unsafe fn launch_norm(
+        &self,
+        kernels: &kernels::DeviceKernels,
+        dtype: DataType,
+        x_reduced: DevicePtr,
+        stream: crate::cuda::Stream,
+    ) -> crate::Result<()> {
         let f = kernels.norm(dtype).ok_or_else(|| crate::Error::NoKernel(family::norm_kernel_name(dtype)))?;
         let p = plan::norm(self.tokens, self.hidden, dtype, kernels.sm_count);
         // SAFETY: the caller's buffers, the kernel's own parameter block.

@@ -3,7 +3,9 @@
 //! through `kernels/layout.c`), the rule the kernel simulations call too; they depend on the call
 //! alone, so every rank launches the same grid. The flags are decided here.
 
-use super::contract::{EarPlan, EAR_CALL_INPUT_SHARED, EAR_CALL_POINTERS, EAR_FAMILY_NORM, EAR_OP_ALLREDUCE, EAR_OP_RESIDUAL_RMSNORM};
+use super::contract::{
+    EarPlan, EAR_CALL_INPUT_SHARED, EAR_CALL_POINTERS, EAR_FAMILY_NORM, EAR_OP_ALLREDUCE, EAR_OP_RESIDUAL_RMSNORM,
+};
 use super::family::{Family, Op};
 use super::Message;
 use crate::tensor::DataType;
@@ -27,7 +29,19 @@ pub(crate) fn kernel(family: Family, dtype: DataType, message: &Message, nranks:
 /// row, up to 4 waves of the device's `sm_count` SMs: it waits on nothing, so any grid is right).
 pub(crate) fn norm(tokens: u64, hidden: u32, dtype: DataType, sm_count: i32) -> Plan {
     // SAFETY: pure arithmetic on the header's macros.
-    unsafe { ear_plan(EAR_FAMILY_NORM, EAR_OP_RESIDUAL_RMSNORM, tokens * hidden as u64, tokens, hidden, dtype.size() as u32, 1, 0, sm_count) }
+    unsafe {
+        ear_plan(
+            EAR_FAMILY_NORM,
+            EAR_OP_RESIDUAL_RMSNORM,
+            tokens * hidden as u64,
+            tokens,
+            hidden,
+            dtype.size() as u32,
+            1,
+            0,
+            sm_count,
+        )
+    }
 }
 
 /// The op a plan's kernel computes.
@@ -63,7 +77,17 @@ pub(crate) fn peers_reach(device: i32, one_device: bool, memory: Option<(i32, bo
 // kernels/layout.c.
 extern "C" {
     #[allow(clippy::too_many_arguments)] // the C rule's arguments
-    fn ear_plan(family: i32, op: i32, count: u64, tokens: u64, hidden: u32, elem: u32, nranks: i32, max_blocks: u32, sm_count: i32) -> EarPlan;
+    fn ear_plan(
+        family: i32,
+        op: i32,
+        count: u64,
+        tokens: u64,
+        hidden: u32,
+        elem: u32,
+        nranks: i32,
+        max_blocks: u32,
+        sm_count: i32,
+    ) -> EarPlan;
 }
 
 #[cfg(test)]
@@ -104,7 +128,13 @@ mod tests {
     #[test]
     fn fused_grid_rules() {
         let fused = |family: Family, tokens: u64, hidden: u32, cap: u32| {
-            let p = kernel(family, DataType::Half, &Message { bytes: tokens * hidden as u64 * 2, rows: Some((tokens, hidden)) }, 2, cap);
+            let p = kernel(
+                family,
+                DataType::Half,
+                &Message { bytes: tokens * hidden as u64 * 2, rows: Some((tokens, hidden)) },
+                2,
+                cap,
+            );
             (p.grid, p.block)
         };
         assert_eq!(fused(Family::OneShot, 1000, 4096, 32), (32, 512));
@@ -126,17 +156,31 @@ mod tests {
     fn only_groups_that_exchange_pointers_read_inputs_in_place() {
         let both = EAR_CALL_POINTERS | EAR_CALL_INPUT_SHARED;
         assert_eq!(call_flags(Family::OneShot, true, false, || true), both);
-        assert_eq!(call_flags(Family::OneShot, true, true, || panic!("not asked in place")), EAR_CALL_POINTERS, "the one-shot in place copies");
+        assert_eq!(
+            call_flags(Family::OneShot, true, true, || panic!("not asked in place")),
+            EAR_CALL_POINTERS,
+            "the one-shot in place copies"
+        );
         assert_eq!(call_flags(Family::TwoShot, true, true, || true), both, "the two-shot may share in place");
-        assert_eq!(call_flags(Family::TwoShot, true, false, || false), EAR_CALL_POINTERS, "unreachable memory: copied, pointers still exchanged");
+        assert_eq!(
+            call_flags(Family::TwoShot, true, false, || false),
+            EAR_CALL_POINTERS,
+            "unreachable memory: copied, pointers still exchanged"
+        );
         assert_eq!(call_flags(Family::OneShot, false, false, || panic!("no exchange, no question")), 0);
         assert_eq!(call_flags(Family::Lamport, true, false, || panic!("Lamport reads no flag")), 0);
     }
 
     #[test]
     fn peers_read_an_input_in_place_only_where_they_reach_it() {
-        assert!(peers_reach(1, false, Some((1, true))), "a cuMemAlloc allocation of the primary context, separate GPUs");
-        assert!(!peers_reach(1, false, Some((1, false))), "pool, VMM or another context's memory on separate GPUs: copied");
+        assert!(
+            peers_reach(1, false, Some((1, true))),
+            "a cuMemAlloc allocation of the primary context, separate GPUs"
+        );
+        assert!(
+            !peers_reach(1, false, Some((1, false))),
+            "pool, VMM or another context's memory on separate GPUs: copied"
+        );
         assert!(peers_reach(0, true, Some((0, false))), "simulated ranks: any memory of the one device");
         assert!(!peers_reach(1, false, Some((0, true))), "memory of another device than the rank's");
         assert!(!peers_reach(0, true, None), "host memory, or a pointer the driver does not know");

@@ -2,9 +2,9 @@
 //! NCCL library that holds the registered `ncclAllReduce` (found with `dladdr`, opened with
 //! `RTLD_NOLOAD`): never a second NCCL.
 
+use super::Registration;
 use crate::cuda;
 use crate::error::{Error, Result};
-use super::Registration;
 use std::ffi::{c_int, c_void};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -41,7 +41,8 @@ pub(crate) fn all_gather(registration: &Registration, nranks: i32, mine: &[u8]) 
     const NCCL_UINT8: c_int = 1;
     let lib = crate::overlay::loader::library_of(registration.all_reduce).ok_or(Error::NotNccl)?;
     // SAFETY: ncclAllGather's C signature is AllGather.
-    let all_gather = unsafe { lib.get::<AllGather>(b"ncclAllGather\0") }.map_err(|_| Error::NcclSymbol("ncclAllGather"))?;
+    let all_gather =
+        unsafe { lib.get::<AllGather>(b"ncclAllGather\0") }.map_err(|_| Error::NcclSymbol("ncclAllGather"))?;
     let n = mine.len();
     let total = n * nranks as usize;
     cuda::with_scratch_stream(

@@ -61,7 +61,15 @@ pub(crate) unsafe fn all_reduce(
     let f: AllReduceFn = unsafe { std::mem::transmute::<usize, AllReduceFn>(registration.all_reduce) };
     // SAFETY: the caller's buffers, communicator and stream.
     let code = unsafe {
-        f(input.as_const(), output.as_mut(), count, dtype_code(dtype), SUM, registration.comm.raw(), stream.0 as *mut c_void)
+        f(
+            input.as_const(),
+            output.as_mut(),
+            count,
+            dtype_code(dtype),
+            SUM,
+            registration.comm.raw(),
+            stream.0 as *mut c_void,
+        )
     };
     if code != 0 {
         return Err(Error::Nccl(code));
@@ -83,9 +91,21 @@ mod tests {
     /// What the fake NCCL received: input, output, count, type, op, communicator, stream.
     type Args = (usize, usize, usize, i32, i32, usize, usize);
     static CALLS: std::sync::Mutex<Vec<Args>> = std::sync::Mutex::new(Vec::new());
-    unsafe extern "C" fn fake(i: *const c_void, o: *mut c_void, n: usize, t: i32, op: i32, c: *mut c_void, s: *mut c_void) -> i32 {
+    unsafe extern "C" fn fake(
+        i: *const c_void,
+        o: *mut c_void,
+        n: usize,
+        t: i32,
+        op: i32,
+        c: *mut c_void,
+        s: *mut c_void,
+    ) -> i32 {
         CALLS.lock().unwrap().push((i as usize, o as usize, n, t, op, c as usize, s as usize));
-        if n == 13 { 5 } else { 0 }
+        if n == 13 {
+            5
+        } else {
+            0
+        }
     }
 
     #[test]

@@ -61,7 +61,14 @@ impl PluginConfig {
     }
 
     fn defaults() -> Self {
-        PluginConfig { tp_size: 0, strategy: Strategy::Auto, config: 0, fusion_op: FusionOp::None, eps: 1e-6, has_bias: false }
+        PluginConfig {
+            tp_size: 0,
+            strategy: Strategy::Auto,
+            config: 0,
+            fusion_op: FusionOp::None,
+            eps: 1e-6,
+            has_bias: false,
+        }
     }
 
     /// Whether the fused residual + RMSNorm interface is asked for (either spelling of the seed).
@@ -213,8 +220,12 @@ fn decode(spec: &FieldSpec, f: &IncomingField) -> Result<Value> {
         (Kind::Int32, field_type::INT64) => Value::Int(i64::from_ne_bytes(b.try_into().unwrap())),
         (Kind::Float32, field_type::FLOAT32) => Value::Float(f32::from_ne_bytes(b.try_into().unwrap()) as f64),
         (Kind::Float32, field_type::FLOAT64) => Value::Float(f64::from_ne_bytes(b.try_into().unwrap())),
-        (Kind::Int32, t) => return Err(Error::field(spec.name, format!("must be kINT32 (PluginFieldType 5), got type {t}"))),
-        (Kind::Float32, t) => return Err(Error::field(spec.name, format!("must be kFLOAT32 (PluginFieldType 1), got type {t}"))),
+        (Kind::Int32, t) => {
+            return Err(Error::field(spec.name, format!("must be kINT32 (PluginFieldType 5), got type {t}")))
+        }
+        (Kind::Float32, t) => {
+            return Err(Error::field(spec.name, format!("must be kFLOAT32 (PluginFieldType 1), got type {t}")))
+        }
     };
     Ok(value)
 }
@@ -287,10 +298,8 @@ mod tests {
         (name.to_owned(), field_type::INT32, v.to_ne_bytes().to_vec())
     }
     fn parse_owned(fields: &[(String, i32, Vec<u8>)]) -> Result<PluginConfig> {
-        let views: Vec<_> = fields
-            .iter()
-            .map(|(n, t, b)| IncomingField { name: n, field_type: *t, length: 1, bytes: b })
-            .collect();
+        let views: Vec<_> =
+            fields.iter().map(|(n, t, b)| IncomingField { name: n, field_type: *t, length: 1, bytes: b }).collect();
         parse(&views)
     }
 
@@ -324,7 +333,10 @@ mod tests {
             int("has_bias", 1),
         ];
         let c = parse_owned(&fields).unwrap();
-        assert_eq!((c.tp_size, c.strategy, c.config, c.fusion_op, c.eps), (8, Strategy::TwoShot, 1, FusionOp::ResidualRmsNorm, eps));
+        assert_eq!(
+            (c.tp_size, c.strategy, c.config, c.fusion_op, c.eps),
+            (8, Strategy::TwoShot, 1, FusionOp::ResidualRmsNorm, eps)
+        );
         let again: Vec<_> = serialize(&c).into_iter().map(|f| (f.name.to_owned(), f.field_type, f.bytes)).collect();
         assert_eq!(again.len(), 6);
         assert_eq!(parse_owned(&again).unwrap(), c);

@@ -35,7 +35,11 @@ impl Io {
         let (want_in, want_out) = (self.nb_inputs() as usize, self.nb_outputs() as usize);
         if nb_inputs != want_in || nb_outputs != want_out {
             let what = if self.fused {
-                if self.has_bias { "(x, residual, gamma, bias) -> (normed, residual_out)" } else { "(x, residual, gamma) -> (normed, residual_out)" }
+                if self.has_bias {
+                    "(x, residual, gamma, bias) -> (normed, residual_out)"
+                } else {
+                    "(x, residual, gamma) -> (normed, residual_out)"
+                }
             } else {
                 "one input and one output"
             };
@@ -102,7 +106,10 @@ impl Io {
     /// to the fused op's tensors).
     pub(crate) fn supports_format(&self, pos: i32, in_out: &[TensorDesc], nb_inputs: i32) -> bool {
         let Ok(pos) = usize::try_from(pos) else { return false };
-        if nb_inputs != self.nb_inputs() || in_out.len() != (self.nb_inputs() + self.nb_outputs()) as usize || pos >= in_out.len() {
+        if nb_inputs != self.nb_inputs()
+            || in_out.len() != (self.nb_inputs() + self.nb_outputs()) as usize
+            || pos >= in_out.len()
+        {
             return false;
         }
         let d = &in_out[pos];
@@ -131,7 +138,10 @@ impl Io {
             return Err(Error::shape("x must have at least one dimension (the hidden size)"));
         }
         let hidden = x.dims[x.nb_dims as usize - 1];
-        let hidden = u32::try_from(hidden).ok().filter(|&h| h > 0).ok_or_else(|| Error::shape(format!("invalid hidden size {hidden}")))?;
+        let hidden = u32::try_from(hidden)
+            .ok()
+            .filter(|&h| h > 0)
+            .ok_or_else(|| Error::shape(format!("invalid hidden size {hidden}")))?;
         if !same_dims(&inputs[1], x) {
             return Err(Error::shape("residual must have the shape of x"));
         }

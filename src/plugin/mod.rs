@@ -36,7 +36,10 @@ pub struct PluginCore {
 impl PluginCore {
     pub fn new(config: PluginConfig) -> Result<Self> {
         if config.has_bias && !config.fuses_residual_rms_norm() {
-            return Err(Error::field("has_bias", "is set but no fusion is (fusion_op RESIDUAL_RMS_NORM or config bit 2)"));
+            return Err(Error::field(
+                "has_bias",
+                "is set but no fusion is (fusion_op RESIDUAL_RMS_NORM or config bit 2)",
+            ));
         }
         Ok(PluginCore { config })
     }
@@ -160,7 +163,12 @@ impl PluginCore {
             return self.enqueue_alone(shape, &tensors, stream);
         }
         let aligned = shape.rows.is_some() || (input_ptrs[0] | output_ptrs[0]).is_multiple_of(16);
-        let call = Call { tp_size: self.config.tp_size, dtype: shape.dtype, message: Message { bytes: shape.bytes, rows: shape.rows }, aligned };
+        let call = Call {
+            tp_size: self.config.tp_size,
+            dtype: shape.dtype,
+            message: Message { bytes: shape.bytes, rows: shape.rows },
+            aligned,
+        };
         let device = cuda::current_device()?;
         let requested = requested(&self.config);
         let plan = run::plan_call(device, requested, &call, &tensors, stream)?;
@@ -179,7 +187,9 @@ impl PluginCore {
         match *tensors {
             Tensors::Sum { input, output, .. } if input == output => Ok(()),
             // SAFETY: TensorRT hands enqueue device buffers of the described sizes on `stream`.
-            Tensors::Sum { input, output, .. } => unsafe { cuda::copy_async(output, input, shape.bytes as usize, stream) },
+            Tensors::Sum { input, output, .. } => unsafe {
+                cuda::copy_async(output, input, shape.bytes as usize, stream)
+            },
             Tensors::Fused(call) => {
                 let kernels = device::kernels(cuda::current_device()?)?;
                 // SAFETY: TensorRT's buffers of the checked shapes, aligned as checked, on `stream`.
@@ -275,6 +285,10 @@ pub(crate) mod tests {
         assert!(q.on_shape_change(&[x, x, g], &[x, desc(&[3, 5120], 1)]).is_err());
         assert!(q.on_shape_change(&[desc(&[3, 0], 7), desc(&[3, 0], 7), desc(&[0], 7)], &[x, x]).is_err());
         let a = 0x1000;
-        assert!(q.enqueue(&[x, x, g], &[x, x], &[a, a + 8, a], &[a, a], 0).unwrap_err().to_string().contains("aligned"));
+        assert!(q
+            .enqueue(&[x, x, g], &[x, x], &[a, a + 8, a], &[a, a], 0)
+            .unwrap_err()
+            .to_string()
+            .contains("aligned"));
     }
 }

@@ -1,0 +1,126 @@
+//! Fault injection for the tests, and the group's entry points to the test (in one process, or
+//! rank by rank as processes of their own run it).
+
+use super::*;
+
+/// Fault injection for [`Group::self_test`] (tests only; `Default`: none, the configured bound).
+#[doc(hidden)]
+#[derive(Clone, Debug, Default)]
+pub struct SelfTestInjection {
+    /// `(from, to)`: rank `from` does not write its token into rank `to`'s workspace.
+    pub drop_writes: Vec<(i32, i32)>,
+    /// `(from, to)`: rank `from` writes a wrong token into rank `to`'s workspace.
+    pub garble_writes: Vec<(i32, i32)>,
+    /// Ranks that write a wrong token into their own slot (every peer reads a wrong value).
+    pub garble_own_slot: Vec<i32>,
+    /// Ranks whose kernel is never launched.
+    pub not_launched: Vec<i32>,
+    /// The kernels' bound instead of `EDGELLM_ALLREDUCE_SELFTEST_MS`.
+    pub bound: Option<Duration>,
+    /// How long the host waits for the kernels in all (from before the first launch) instead of
+    /// the bound plus [`HOST_GRACE`]: longer under compute-sanitizer, which is slow to start
+    /// kernels; shorter than the bound to see how a kernel that does not finish is handled.
+    pub host_wait: Option<Duration>,
+}
+
+impl SelfTestInjection {
+    pub(crate) fn for_rank(&self, rank: i32) -> RankInjection {
+        let mask = |pairs: &[(i32, i32)]| {
+            pairs
+                .iter()
+                .filter(|&&(from, _)| from == rank)
+                .fold(0u32, |m, &(_, to)| m | 1u32.checked_shl(to as u32).unwrap_or(0))
+        };
+        let own = if self.garble_own_slot.contains(&rank) { 1u32.checked_shl(rank as u32).unwrap_or(0) } else { 0 };
+        RankInjection {
+            skip_mask: mask(&self.drop_writes),
+            garble_mask: mask(&self.garble_writes) | own,
+            not_launched: self.not_launched.contains(&rank),
+        }
+    }
+
+    /// The bounds to run with; None: the configured bound is 0 (no self-test).
+    pub(crate) fn bounds(&self) -> Option<Bounds> {
+        let bounds = self.bound.map(Bounds::new).or_else(Bounds::configured)?;
+        Some(Bounds { host: self.host_wait.unwrap_or(bounds.host), ..bounds })
+    }
+}
+
+impl Group {
+    /// Rank `rank`'s part of self-test round `round` (this process must drive the rank): its
+    /// device, its kernel, the workspaces as this process maps them (NULL where a mapping
+    /// failed). For a group formed by the exchange: `round` 1, the same on every rank.
+    pub(crate) fn self_test_rank(&self, rank: i32, round: u32, inject: RankInjection) -> Result<RankSelfTest> {
+        let member = self.member(rank)?;
+        let function = member
+            .kernels
+            .selftest()
+            .ok_or_else(|| Error::NoKernel(crate::launch::kernels::SELFTEST_KERNEL.to_owned()))?;
+        Ok(RankSelfTest {
+            rank,
+            nranks: self.nranks,
+            device: member.device,
+            function,
+            peer_ws: self.peer_ws,
+            max_bytes: self.max_bytes,
+            round,
+            inject,
+        })
+    }
+
+    /// Every rank's part of a new self-test round of this group, whose ranks must all be in
+    /// this process (an in-process or simulated group).
+    fn self_test_ranks(&self, inject: &SelfTestInjection) -> Result<Vec<RankSelfTest>> {
+        let round = self.next_self_test_round();
+        (0..self.nranks).map(|rank| self.self_test_rank(rank, round, inject.for_rank(rank))).collect()
+    }
+
+    /// Runs the peer self-test on every rank of this group (all in this process: an in-process
+    /// or simulated group): one kernel per rank, all at once, each on a new stream of its device,
+    /// bounded by `EDGELLM_ALLREDUCE_SELFTEST_MS` (Ok at once when it is 0) or `inject.bound`.
+    /// [`Error::SelfTest`] names the first problem. A group whose test left a kernel running is
+    /// retired and never freed.
+    pub fn self_test(&self, inject: &SelfTestInjection) -> Result<()> {
+        let Some(bounds) = inject.bounds() else {
+            return Ok(());
+        };
+        let ranks = self.self_test_ranks(inject)?;
+        run_in_process(&ranks, bounds).map_err(|failure| {
+            if failure.kernels_may_still_run() {
+                self.wedge();
+            }
+            Error::SelfTest(Box::new(failure))
+        })
+    }
+
+    /// The self-test as ranks in processes of their own run it (tests): each rank's
+    /// [`run_one_rank`] on a thread of its own, all at once; then the "gather": every verdict
+    /// encoded and decoded, a rank that was not launched contributing nothing (it decodes as
+    /// not run). Returns the verdicts in rank order, for [`decide`].
+    #[doc(hidden)]
+    pub fn self_test_each_rank(&self, inject: &SelfTestInjection) -> Result<Vec<RankVerdict>> {
+        let bounds = inject.bounds().unwrap_or(Bounds::new(Duration::from_millis(crate::config::DEFAULT_SELFTEST_MS)));
+        let ranks = self.self_test_ranks(inject)?;
+        let gathered: Vec<Vec<u8>> = std::thread::scope(|scope| {
+            let threads: Vec<_> = ranks
+                .iter()
+                .map(|rank| {
+                    scope.spawn(move || {
+                        if rank.inject.not_launched {
+                            Vec::new()
+                        } else {
+                            run_one_rank(rank, bounds).encode().to_vec()
+                        }
+                    })
+                })
+                .collect();
+            threads.into_iter().map(|t| t.join().unwrap_or_default()).collect()
+        });
+        let verdicts: Vec<RankVerdict> =
+            gathered.iter().zip(0..).map(|(bytes, rank)| RankVerdict::decode(bytes, rank, self.nranks)).collect();
+        if verdicts.iter().any(|v| v.state == RankState::Unfinished) {
+            self.wedge();
+        }
+        Ok(verdicts)
+    }
+}
