@@ -1,5 +1,5 @@
 // selftest.cu: the peer self-test, run once per rank before the custom kernels of a group are
-// trusted (src/selftest.rs launches it and decides). It checks the two ways the all-reduce
+// trusted (src/group/selftest.rs launches it and decides). It checks the two ways the all-reduce
 // kernels use the links between the ranks' GPUs: stores into a peer's memory (every family
 // pushes data or flags into peers' workspaces) and loads from a peer's memory (the one-shot and
 // the wide two-shot pull). A fabric that breaks them (PCIe ACS routing peer traffic through the
@@ -29,7 +29,7 @@
 // deadline (plus one poll), with NOT_SEEN for that peer. A load that never returns (the one
 // failure a kernel cannot bound) keeps the kernel from ending: the host gives up at a deadline
 // of its own, reports the rank as not finished and never frees memory the kernel may touch
-// (src/selftest.rs).
+// (src/group/selftest.rs).
 //
 // The area is left as it is: a peer may still be reading our local slot or writing our inbox
 // when we end, and no all-reduce kernel reads or writes the area (a dedicated region), so there

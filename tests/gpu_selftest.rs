@@ -1,4 +1,4 @@
-//! The peer self-test (`kernels/selftest.cu`, `src/selftest.rs`) on simulated ranks (N workspaces
+//! The peer self-test (`kernels/selftest.cu`, `src/group/selftest.rs`) on simulated ranks (N workspaces
 //! on GPU 0, one stream per rank), through both of the library's paths: the in-process one
 //! (`Group::self_test`: every rank's kernel launched by one host thread, then one decision) and
 //! the one ranks in processes of their own take (`Group::self_test_each_rank`: one thread per rank
@@ -34,7 +34,7 @@ use common::{gpu, Watchdog};
 
 use edgellm_test_support as data;
 
-/// The status codes of a verdict's entries (`EAR_SELFTEST_*`, src/contract.rs).
+/// The status codes of a verdict's entries (`EAR_SELFTEST_*`, src/launch/contract.rs).
 const PASSED: u8 = 1;
 const NOT_SEEN: u8 = 2;
 

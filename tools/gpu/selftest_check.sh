@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call on a machine with one GPU (an H200): the peer self-test (kernels/selftest.cu,
-# src/selftest.rs) on simulated ranks. Expects DIR (default .carry-selftest) from
+# src/group/selftest.rs) on simulated ranks. Expects DIR (default .carry-selftest) from
 # tools/gpu/stage_selftest.sh:
 #   run(command="tools/gpu/selftest_check.sh", carry=[".carry-selftest"])
 #   rust self-test   tests/gpu_selftest.rs: a healthy group of 2, 4, 8 ranks passes (and its
