@@ -24,7 +24,11 @@ done
 for sim in sim_faults sim_ranks sim_fused; do
   SIM_NAME=$sim SIM_OUT="$dest" SIM_BUILD_ONLY=1 "$root/tests/gpu/kernels/build_and_run.sh"
 done
-strip "$dest"/edgellm_plugin_tests_trt10 "$dest"/rust_*
+# The benchmark into .carry-tune/, for tools/gpu/tune_check.sh (tune --mode sim, then AUTO with the file).
+(cd "$root" && EDGELLM_CUDA_ARCHS=${archs//;/,} cargo build --release -q -p edgellm-allreduce-bench)
+rm -rf "$root/.carry-tune" && mkdir -p "$root/.carry-tune"  # a carry of its own (64 MiB a call)
+cp "$root/target/release/edgellm-allreduce-bench" "$root/.carry-tune/"
+strip "$dest"/edgellm_plugin_tests_trt10 "$dest"/rust_* "$root/.carry-tune/edgellm-allreduce-bench"
 du -sh "$dest"
 if [ "${BENCH:-0}" = 1 ]; then
   base=${BASE:-aa6094a}
