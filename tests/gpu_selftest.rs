@@ -17,7 +17,7 @@
 //!   - under compute-sanitizer (which serializes kernels, so a rank cannot see a peer that runs
 //!     after it): the kernel touches only memory it owns ([`under_a_sanitizer_the_self_test_touches_only_its_memory`]).
 //!
-//! Needs a GPU, so every test is `#[ignore]`d: tools/gpu/selftest_check.sh runs the binary with
+//! Needs a GPU, so every test is `#[ignore]`d: tools/gpu/contract_check.sh runs the binary with
 //! `--ignored --test-threads 1` (the tests share GPU 0), and memcheck and racecheck on the
 //! sanitizer test; tools/gpu/contract_check.sh runs them too.
 
@@ -274,7 +274,7 @@ fn a_kernel_running_past_the_hosts_deadline_is_reported_and_its_group_retired() 
     std::thread::sleep(Duration::from_millis(3_200));
 }
 
-/// Run under compute-sanitizer (memcheck, racecheck) by tools/gpu/selftest_check.sh: the sanitizer
+/// Run under compute-sanitizer (memcheck, racecheck) by tools/gpu/contract_check.sh: the sanitizer
 /// serializes kernels, so a rank whose peer runs after it cannot see it (its write and read of
 /// that peer time out); the test accepts that and only asks that every kernel ends and reports.
 /// The sanitizer's exit code says whether any kernel touched memory it does not own.
