@@ -1,11 +1,13 @@
 // How TensorRT finds this library's creators, how Edge-LLM's own plugin library (the overlay's
-// base, src/overlay.rs) shares the registry with it, and how this library logs through TensorRT.
+// base, src/overlay/) shares the registry with it, and how this library logs through TensorRT.
+// This file does the registry's mechanics; what to replace, which creators are the base's and
+// where they are registered is decided in Rust (src/overlay/policy.rs, asked through ffi::overlay_*).
 //
 // Three ways in, all supported at once:
 //  1. Static registration when the library is loaded: it makes its exports global, has the base
 //     loaded (whose own static registrations fill the registry), then registers AllReducePlugin
 //     in namespace "", replacing the base's (Edge-LLM's REGISTER_TENSORRT_PLUGIN, plus the overlay).
-//  2. initEdgellmPlugins(logger, ns) (src/abi.rs) registers ours in `ns`, replacing any other
+//  2. initEdgellmPlugins(logger, ns) (src/api/abi.rs) registers ours in `ns`, replacing any other
 //     AllReducePlugin there, and for ns != "" the base's other creators too.
 //  3. IPluginRegistry::loadLibrary / trtexec --dynamicPlugins call getCreators and register what it
 //     returns, failing on a duplicate: getCreators returns ours and the base's, and withdraws
@@ -224,7 +226,8 @@ struct Creators
             {
                 IPluginCreatorV3One* v3 = asV3One(c);
                 bool const seen = std::find(base.begin(), base.end(), c) != base.end();
-                if (v3 != nullptr && !seen && ownerOf(c).address == baseAddress && std::strcmp(v3->getPluginName(), kName) != 0)
+                if (v3 != nullptr && !seen
+                    && ffi::overlay_is_base_creator(c->getInterfaceInfo().kind, v3->getPluginName(), ownerOf(c).address))
                 {
                     base.push_back(c);
                 }
@@ -240,9 +243,8 @@ Creators& creators()
     return *instance;
 }
 
-//! Registers ours as AllReducePlugin in `ns`: a creator of another library there (the base's,
-//! or an Edge-LLM library loaded before this one) is withdrawn first, so ours wins whatever the
-//! load order. For ns != "" the base's other creators are registered there too. Caller holds the lock.
+//! Registers ours as AllReducePlugin in `ns`, withdrawing a creator of another library there
+//! first, and the base's other creators in `ns` where the policy mirrors them. Caller holds the lock.
 bool registerLocked(Creators& c, void* registry, std::string const& ns)
 {
     AllReducePluginCreator& ours = c.get(ns);
@@ -252,10 +254,11 @@ bool registerLocked(Creators& c, void* registry, std::string const& ns)
         if (present != nullptr)
         {
             Owner const owner = ownerOf(present);
+            if (!ffi::overlay_replaces_all_reduce(ns, owner.file, owner.address))
+            {
+                return true;
+            }
             registryDeregister(registry, *present);
-            std::string const line = "AllReducePlugin (version 1, namespace \"" + ns + "\") of " + owner.file
-                + " is replaced by edgellm-allreduce's";
-            owner.address == ffi::overlay_base_address() ? ffi::log_info(line) : ffi::log_warning(line);
         }
         if (!registryRegister(registry, ours, ns.c_str()))
         {
@@ -263,7 +266,7 @@ bool registerLocked(Creators& c, void* registry, std::string const& ns)
             return false;
         }
     }
-    if (!ns.empty())
+    if (ffi::overlay_mirrors_base_in(ns))
     {
         for (IPluginCreatorInterface* b : c.baseCreators(registry))
         {

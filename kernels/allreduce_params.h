@@ -3,9 +3,9 @@
  *
  * Plain C (C99/C11), also included from C++ and CUDA. Only <stdint.h>; no CUDA types.
  * The constants and the two parameter blocks come from ear_contract.h, which cbindgen writes
- * from src/launch/contract.rs; the rules below are built on them, and the Rust core calls these
+ * from src/contract.rs; the rules below are built on them, and the Rust core calls these
  * macros through layout.c. Nothing is mirrored by hand. Any change to the layout or the
- * protocol changes EAR_PROTOCOL_ID (src/launch/contract.rs).
+ * protocol changes EAR_PROTOCOL_ID (src/contract.rs).
  *
  * Protocols, ordering and why slot reuse is safe: the top of each kernel file (oneshot.cu,
  * twoshot.cu, lamport.cu and their *_norm.cu).

@@ -2,7 +2,7 @@
 //! it imports only the kernels' constants; `crate::config()` logs, once, every value that was
 //! set but not understood, by name).
 
-use crate::launch::contract::EAR_MAX_BLOCKS;
+use crate::contract::EAR_MAX_BLOCKS;
 use std::sync::OnceLock;
 
 /// The largest `EDGELLM_ALLREDUCE_WORKSPACE_BYTES` taken (1 TiB): the workspace rule's

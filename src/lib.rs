@@ -7,12 +7,12 @@
 //! | room | owns |
 //! |---|---|
 //! | `api` | the entry points: the cxx bridge (types converted to the core's at the edge), the C ABI (`edgellm*`, `initEdgellmPlugins`), every call behind the panic guard |
-//! | `overlay` | Edge-LLM's own plugin library loaded beside this one (the base), the policy of whose creator TensorRT sees |
+//! | `overlay` | Edge-LLM's own plugin library loaded beside this one (the base), and the policy of whose creator TensorRT sees (`overlay::policy`; `cpp/registration.cpp` carries it out) |
 //! | `plugin` | TensorRT-facing decisions: fields, tensors, and what `enqueue` runs |
 //! | `group` | devices and groups: the per-device record ([`group::device`]), which devices form a group and the multi-process exchange, the peer self-test a group passes before its kernels are trusted, a group's memory, faults, reclaimed memory; `Group::plan` and `Group::run` |
-//! | `launch` | what a launch is: the kernels' contract, the families and their rules, the launch plan, the embedded kernels, AUTO's tables per link class and the tuning file (`launch::tuning`) |
+//! | `launch` | what a launch is: the families and their rules, the launch plan, the embedded kernels, AUTO's tables per link class and the tuning file (`launch::tuning`) |
 //! | `link` | what carries the bytes between two ranks (same device, NVLink, PCIe, none), from the driver's P2P attributes |
-//! | `cuda`, `nccl`, `config`, `tensor`, `error`, `log` | leaves: the driver, NCCL, every environment knob, tensor types, errors, logging (to a sink installed at start-up) |
+//! | `contract`, `loader`, `cuda`, `nccl`, `config`, `tensor`, `error`, `log` | leaves: the host ↔ kernel contract (cbindgen writes `kernels/ear_contract.h` from it), what the dynamic loader knows, the driver, NCCL, every environment knob, tensor types, errors, logging (to a sink installed at start-up) |
 //!
 //! One enqueue, in five files: `cpp/allReducePlugin.cpp` (`AllReducePlugin::enqueue`) →
 //! `plugin/mod.rs` (`PluginCore::enqueue`: checks the tensors, asks the device's group) →
@@ -29,11 +29,13 @@
 
 mod api;
 mod config;
+mod contract;
 mod cuda;
 mod error;
 mod group;
 mod launch;
 mod link;
+mod loader;
 mod log;
 mod nccl;
 mod overlay;

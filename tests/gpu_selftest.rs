@@ -34,7 +34,7 @@ use common::{gpu, Watchdog};
 
 use edgellm_test_support as data;
 
-/// The status codes of a verdict's entries (`EAR_SELFTEST_*`, src/launch/contract.rs).
+/// The status codes of a verdict's entries (`EAR_SELFTEST_*`, src/contract.rs).
 const PASSED: u8 = 1;
 const NOT_SEEN: u8 = 2;
 

@@ -132,7 +132,7 @@ pub(crate) fn log_info(message: &str) {
     let _ = std::panic::catch_unwind(|| log::info(message));
 }
 
-// The overlay (src/overlay.rs), asked by cpp/registration.cpp when the library is loaded.
+// The overlay (src/overlay/), asked by cpp/registration.cpp when the library is loaded.
 
 pub(crate) fn overlay_load(preloaded_library: &str) -> usize {
     // First of all: log lines go to TensorRT's logger (when the process gives one) from now on.
@@ -154,8 +154,26 @@ pub(crate) fn overlay_promote_to_global_scope() {
     guard_or("making the library's exports global", (), overlay::promote_to_global_scope)
 }
 
+pub(crate) fn overlay_replaces_all_reduce(namespace: &str, owner_file: &str, owner_address: usize) -> bool {
+    guard_or("deciding whose AllReducePlugin TensorRT sees", true, || {
+        let r = overlay::policy::replace_all_reduce(namespace, owner_file, owner_address, overlay_base_address());
+        log::log(r.severity, &r.line);
+        r.replace
+    })
+}
+
+pub(crate) fn overlay_is_base_creator(kind: &str, name: &str, owner_address: usize) -> bool {
+    guard_or("telling the base's creators", false, || {
+        overlay::policy::is_base_creator(kind, name, owner_address, overlay_base_address())
+    })
+}
+
+pub(crate) fn overlay_mirrors_base_in(namespace: &str) -> bool {
+    overlay::policy::mirrors_base_in(namespace)
+}
+
 // The bridge: declarations only (three groups, as cxx's demo): shared structs, the Rust side
-// (src/bridge.rs, every function behind the panic guard), the C++ side (cpp/registration.cpp).
+// (this file, every function behind the panic guard), the C++ side (cpp/registration.cpp).
 #[allow(unreachable_pub)] // cxx declares the bridge's items `pub`
 #[cxx::bridge(namespace = "trt_edgellm::ffi")]
 pub(crate) mod ffi {
@@ -230,13 +248,22 @@ pub(crate) mod ffi {
         fn log_warning(message: &str);
         fn log_info(message: &str);
 
-        /// The overlay (`overlay.rs`): runs once when the library is loaded, before our creator
+        /// The overlay (`overlay/mod.rs`): runs once when the library is loaded, before our creator
         /// is registered. `preloaded_library` is the file of an Edge-LLM library whose
         /// AllReducePlugin was registered first ("" if none). Returns the base's load address
         /// (0: no base), by which the C++ side tells the base's creators from others.
         fn overlay_load(preloaded_library: &str) -> usize;
         fn overlay_base_address() -> usize;
         fn overlay_promote_to_global_scope();
+        /// The registration policy (`overlay/policy.rs`); `cpp/registration.cpp` does what it
+        /// decides. Whether to withdraw the registered AllReducePlugin creator of another library
+        /// (file and load address) from `plugin_namespace` for ours; logs the replacement.
+        fn overlay_replaces_all_reduce(plugin_namespace: &str, owner_file: &str, owner_address: usize) -> bool;
+        /// Whether a registered creator (interface kind, plugin name, its code's library) is one
+        /// of the base's that this library serves beside its own.
+        fn overlay_is_base_creator(kind: &str, name: &str, owner_address: usize) -> bool;
+        /// Whether the base's creators are registered by this library in `plugin_namespace`.
+        fn overlay_mirrors_base_in(plugin_namespace: &str) -> bool;
     }
 
     unsafe extern "C++" {

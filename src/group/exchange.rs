@@ -11,12 +11,12 @@
 //! none waits forever.
 
 use crate::config::Requested;
+use crate::contract::{EAR_MAX_BLOCKS, EAR_PROTOCOL_ID};
 use crate::cuda::{self, IpcMapping};
 use crate::error::{Error, Result};
 use crate::group::device::Registration;
 use crate::group::selftest::{self, Bounds, RankVerdict, VERDICT_BYTES};
 use crate::group::{self, Group, Member};
-use crate::launch::contract::{EAR_MAX_BLOCKS, EAR_PROTOCOL_ID};
 use crate::link::{self, LinkClass, PairFacts};
 use crate::nccl::communicator::{self, CommInfo};
 

@@ -4,9 +4,9 @@
 //! when it gives up waiting for a peer or finds its group aborted or released
 //! (`kernels/wait.cuh`). Enqueue and `edgellmAllReduceLastError` read it with a plain load.
 
+use crate::contract::{EAR_FAULT_ABORTED, EAR_FAULT_RELEASED, EAR_FAULT_TIMEOUT};
 use crate::cuda::{self, DevicePtr};
 use crate::error::Result;
-use crate::launch::contract::{EAR_FAULT_ABORTED, EAR_FAULT_RELEASED, EAR_FAULT_TIMEOUT};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 

@@ -28,9 +28,9 @@ pub(crate) mod reclaim;
 pub(crate) mod run;
 pub(crate) mod selftest;
 
+use crate::contract::{EAR_FAULT_RELEASED, EAR_MAX_BLOCKS, EAR_MAX_RANKS};
 use crate::cuda::{self, DeviceBuffer, DevicePtr, IpcMapping, Stream};
 use crate::error::{Error, Result};
-use crate::launch::contract::{EAR_FAULT_RELEASED, EAR_MAX_BLOCKS, EAR_MAX_RANKS};
 use crate::launch::family::{self, RANK_COUNTS};
 use crate::launch::kernels::DeviceKernels;
 use crate::link::LinkClass;

@@ -4,9 +4,9 @@
 //! group's part; the plugin's enqueue (`crate::plugin`) does nothing else.
 
 use super::{device, Group};
+use crate::contract::EarAllReduceParams;
 use crate::cuda::{self, DevicePtr, Function, Stream};
 use crate::error::{Error, Result};
-use crate::launch::contract::EarAllReduceParams;
 use crate::launch::family::{self, Family, Op};
 use crate::launch::kernels::DeviceKernels;
 use crate::launch::plan::{self, Plan};
@@ -201,7 +201,7 @@ impl Group {
         let Launch { function, plan, pdl } = *launch;
         match tensors {
             // The fused kernels read ar.input (x) and write normed and residual_out themselves.
-            Tensors::Fused(c) if plan.op != crate::launch::contract::EAR_OP_ALLREDUCE => {
+            Tensors::Fused(c) if plan.op != crate::contract::EAR_OP_ALLREDUCE => {
                 let ar = self.params(rank, input, DevicePtr::NULL, count, plan.flags)?;
                 // SAFETY: the caller's buffers; the workspaces and state block are the group's,
                 // alive while `self` is.

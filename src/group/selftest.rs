@@ -27,13 +27,13 @@
 //! The device stays unusable for anything that waits for all of its work (a context
 //! synchronize, a free) until the process exits or the GPU is reset.
 
-use crate::cuda::{self, DevicePtr, Function, MappedHost, OwnedStream};
-use crate::error::{Error, Result, SelfTestFailure, SelfTestKind, SelfTestProblem};
-use crate::group::Group;
-use crate::launch::contract::{
+use crate::contract::{
     EarSelfTestParams, EarSelfTestResult, EAR_MAX_RANKS, EAR_SELFTEST_MAGIC, EAR_SELFTEST_PASSED, EAR_SELFTEST_THREADS,
     EAR_SELFTEST_UNMAPPED, EAR_SELFTEST_WRONG,
 };
+use crate::cuda::{self, DevicePtr, Function, MappedHost, OwnedStream};
+use crate::error::{Error, Result, SelfTestFailure, SelfTestKind, SelfTestProblem};
+use crate::group::Group;
 use std::time::{Duration, Instant};
 
 mod injection;

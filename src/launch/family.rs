@@ -1,9 +1,9 @@
 //! The kernel families, each described once: its kernels' names and how they synchronise, which
 //! messages it takes (fits), and its grid and block. The rules are the macros of
 //! `kernels/allreduce_params.h`, called through `kernels/layout.c`, so Rust and CUDA read one
-//! definition; the constants and parameter blocks are `crate::launch::contract`'s.
+//! definition; the constants and parameter blocks are `crate::contract`'s.
 
-use super::contract::{EAR_FAMILY_LAMPORT, EAR_FAMILY_ONESHOT, EAR_FAMILY_TWOSHOT};
+use crate::contract::{EAR_FAMILY_LAMPORT, EAR_FAMILY_ONESHOT, EAR_FAMILY_TWOSHOT};
 use crate::tensor::DataType;
 
 /// Rank counts the kernels are instantiated for (`EAR_FOR_EACH_RANK_COUNT`: a test checks).
@@ -162,7 +162,7 @@ extern "C" {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::launch::contract::{EarAllReduceParams, EarFusedParams, EAR_MAX_BLOCKS};
+    use crate::contract::{EarAllReduceParams, EarFusedParams, EAR_MAX_BLOCKS};
 
     #[test]
     fn the_c_rules_see_the_rust_parameter_blocks() {
@@ -212,7 +212,7 @@ mod tests {
         assert_eq!(state_bytes(), 32 * EAR_MAX_BLOCKS as usize, "one copy of the counters per CTA index");
         assert_eq!(
             abort_offset(),
-            8 * EAR_MAX_BLOCKS as u64 * crate::launch::contract::EAR_MAX_RANKS as u64,
+            8 * EAR_MAX_BLOCKS as u64 * crate::contract::EAR_MAX_RANKS as u64,
             "the abort word follows the signal slots"
         );
     }

@@ -1,9 +1,8 @@
-//! What a launch is: the kernels' contract ([`contract`]), the families and what they take
+//! What a launch is, on the kernels' contract (`crate::contract`): the families and what they take
 //! ([`family`]), one rank's launch plan ([`plan`]: kernel, grid, block, flags from one C rule
 //! shared with the kernel simulations), the embedded kernels ([`kernels`], [`kernel_images`]) and
 //! AUTO's tables ([`strategy`]). Nothing here holds state: a group (`crate::group`) asks.
 
-pub(crate) mod contract;
 pub(crate) mod family;
 pub(crate) mod kernel_images;
 pub(crate) mod kernels;
@@ -12,10 +11,10 @@ pub(crate) mod strategy;
 pub(crate) mod tables;
 pub mod tuning;
 
+use crate::contract::{self, EarAllReduceParams, EarFusedParams};
 use crate::cuda::DevicePtr;
 use crate::link::LinkClass;
 use crate::tensor::DataType;
-use contract::{EarAllReduceParams, EarFusedParams};
 use family::Family;
 
 /// A message as the kernels see it: its bytes, and for the fused op its rows.

@@ -3,14 +3,14 @@
 //! through `kernels/layout.c`), the rule the kernel simulations call too; they depend on the call
 //! alone, so every rank launches the same grid. The flags are decided here.
 
-use super::contract::{
-    EarPlan, EAR_CALL_INPUT_SHARED, EAR_CALL_POINTERS, EAR_FAMILY_NORM, EAR_OP_ALLREDUCE, EAR_OP_RESIDUAL_RMSNORM,
-};
 use super::family::{Family, Op};
 use super::Message;
+use crate::contract::{
+    EarPlan, EAR_CALL_INPUT_SHARED, EAR_CALL_POINTERS, EAR_FAMILY_NORM, EAR_OP_ALLREDUCE, EAR_OP_RESIDUAL_RMSNORM,
+};
 use crate::tensor::DataType;
 
-pub(crate) use super::contract::EarPlan as Plan;
+pub(crate) use crate::contract::EarPlan as Plan;
 
 /// The plan of `family`'s kernel for `message` among `nranks` ranks, at most `max_blocks` CTAs
 /// (clamped to the kernels' maximum); flags 0 (see [`call_flags`]).
@@ -93,7 +93,7 @@ extern "C" {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::launch::contract::{EAR_BLOCK_THREADS, EAR_MAX_BLOCKS};
+    use crate::contract::{EAR_BLOCK_THREADS, EAR_MAX_BLOCKS};
 
     fn plain(bytes: u64) -> Message {
         Message { bytes, rows: None }

@@ -18,7 +18,7 @@ pub(crate) struct CommInfo {
 /// None when they cannot be asked (the registered function is not NCCL's, or a call failed).
 pub(crate) fn describe(registration: &Registration) -> Option<CommInfo> {
     type Query = unsafe extern "C" fn(*mut c_void, *mut c_int) -> c_int;
-    let lib = crate::overlay::loader::library_of(registration.all_reduce)?;
+    let lib = crate::loader::library_of(registration.all_reduce)?;
     let ask = |name: &[u8]| -> Option<i32> {
         // SAFETY: these NCCL functions have the signature `ncclResult_t f(ncclComm_t, int*)`.
         let f = unsafe { lib.get::<Query>(name) }.ok()?;
@@ -39,7 +39,7 @@ pub(crate) fn describe(registration: &Registration) -> Option<CommInfo> {
 pub(crate) fn all_gather(registration: &Registration, nranks: i32, mine: &[u8]) -> Result<Vec<u8>> {
     type AllGather = unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, *mut c_void, *mut c_void) -> c_int;
     const NCCL_UINT8: c_int = 1;
-    let lib = crate::overlay::loader::library_of(registration.all_reduce).ok_or(Error::NotNccl)?;
+    let lib = crate::loader::library_of(registration.all_reduce).ok_or(Error::NotNccl)?;
     // SAFETY: ncclAllGather's C signature is AllGather.
     let all_gather =
         unsafe { lib.get::<AllGather>(b"ncclAllGather\0") }.map_err(|_| Error::NcclSymbol("ncclAllGather"))?;

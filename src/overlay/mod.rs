@@ -8,12 +8,13 @@
 //! library (where `tools/install.sh` puts it). It is opened `RTLD_NOW | RTLD_LOCAL |
 //! RTLD_NODELETE` when this library is loaded, so its static registrations fill TensorRT's
 //! registry first and `cpp/registration.cpp` then replaces its `AllReducePlugin` creator with
-//! ours. Its C exports are reached through the handle (never through the global scope, where
-//! ours have the same names), and `abi` forwards Edge-LLM's C ABI to them.
+//! ours, as [`policy`] decides. Its C exports are reached through the handle (never through the
+//! global scope, where ours have the same names), and `abi` forwards Edge-LLM's C ABI to them.
 
-pub(crate) mod loader;
+pub(crate) mod policy;
 
 use crate::error::{Error, Result};
+use crate::loader;
 use crate::log;
 
 use libloading::os::unix::{Library, RTLD_LOCAL, RTLD_NOW};

@@ -3,7 +3,7 @@
 # it, so that a cross build's is checked too: it is the file the build was given (for a PyPI base,
 # the payload whose SHA-256 the wheel's manifest names), an ELF64 library of the target's CPU, the
 # same as ours, and its imports (DT_NEEDED) are those the overlay expects of Edge-LLM's library:
-# one libnvinfer.so.10 or .11 (src/overlay.rs reads it to refuse a base of another TensorRT
+# one libnvinfer.so.10 or .11 (src/overlay/ reads it to refuse a base of another TensorRT
 # major), the CUDA 13 runtime, the target's dynamic loader, and nothing beyond the CUDA driver,
 # NVRTC and the C/C++ runtime.
 # Usage: base_check.sh PREFIX SOURCE ARCH   (SOURCE: the base the build was given, "" for none;

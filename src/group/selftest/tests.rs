@@ -1,5 +1,5 @@
 use super::*;
-use crate::launch::contract::{EAR_SELFTEST_NOT_SEEN, EAR_SELFTEST_PENDING};
+use crate::contract::{EAR_SELFTEST_NOT_SEEN, EAR_SELFTEST_PENDING};
 
 const PASSED: u8 = EAR_SELFTEST_PASSED as u8;
 const NOT_SEEN: u8 = EAR_SELFTEST_NOT_SEEN as u8;

@@ -5,7 +5,7 @@ use super::*;
 /// Where the tuning file is looked for when `EDGELLM_ALLREDUCE_TUNING` is unset: [`FILE_NAME`]
 /// in the directory of the file that holds this library.
 pub fn default_path() -> Option<PathBuf> {
-    let (file, _) = crate::overlay::loader::this_object()?;
+    let (file, _) = crate::loader::this_object()?;
     Some(file.parent()?.join(FILE_NAME))
 }
 

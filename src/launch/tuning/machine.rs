@@ -77,6 +77,6 @@ pub(super) fn one_line(s: &str) -> String {
 
 /// This build: the crate's version and the kernels' protocol id ("0.1.0 EAR8").
 pub fn library_id() -> String {
-    let id = crate::launch::contract::EAR_PROTOCOL_ID.to_be_bytes();
+    let id = crate::contract::EAR_PROTOCOL_ID.to_be_bytes();
     format!("{} {}", env!("CARGO_PKG_VERSION"), String::from_utf8_lossy(&id))
 }

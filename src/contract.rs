@@ -3,7 +3,7 @@
 //! `kernels/allreduce_params.h`, which builds the workspace layout and the launch rules on it.
 //! Change anything here and the protocol id too.
 
-// cbindgen exports `pub` items only; the crate reaches them through `crate::launch`.
+// cbindgen exports `pub` items only, so they are `pub` here; the crate keeps the module private.
 #![allow(unreachable_pub)]
 
 use std::ffi::c_void;
