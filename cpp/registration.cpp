@@ -145,6 +145,13 @@ bool registryDeregister(void* registry, IPluginCreatorInterface const& creator) 
     return vtableSlot<Fn>(registry, layout().deregisterCreator)(registry, creator);
 }
 
+//! Text from the registry as bytes for the Rust side (it need not be UTF-8: a rust::Str would throw).
+rust::Slice<uint8_t const> bytes(char const* text) noexcept
+{
+    return text == nullptr ? rust::Slice<uint8_t const>()
+                           : rust::Slice<uint8_t const>(reinterpret_cast<uint8_t const*>(text), std::strlen(text));
+}
+
 //! The name and version of a V3 creator (the kind every Edge-LLM plugin has); null for others.
 IPluginCreatorV3One* asV3One(IPluginCreatorInterface* creator) noexcept
 {
@@ -227,7 +234,8 @@ struct Creators
                 IPluginCreatorV3One* v3 = asV3One(c);
                 bool const seen = std::find(base.begin(), base.end(), c) != base.end();
                 if (v3 != nullptr && !seen
-                    && ffi::overlay_is_base_creator(c->getInterfaceInfo().kind, v3->getPluginName(), ownerOf(c).address))
+                    && ffi::overlay_is_base_creator(
+                        bytes(c->getInterfaceInfo().kind), bytes(v3->getPluginName()), ownerOf(c).address))
                 {
                     base.push_back(c);
                 }
@@ -254,7 +262,7 @@ bool registerLocked(Creators& c, void* registry, std::string const& ns)
         if (present != nullptr)
         {
             Owner const owner = ownerOf(present);
-            if (!ffi::overlay_replaces_all_reduce(ns, owner.file, owner.address))
+            if (!ffi::overlay_replaces_all_reduce(ns, bytes(owner.file.c_str()), owner.address))
             {
                 return true;
             }

@@ -154,17 +154,21 @@ pub(crate) fn overlay_promote_to_global_scope() {
     guard_or("making the library's exports global", (), overlay::promote_to_global_scope)
 }
 
-pub(crate) fn overlay_replaces_all_reduce(namespace: &str, owner_file: &str, owner_address: usize) -> bool {
+// Names from the registry arrive as bytes: another library's file or creator name need not be
+// UTF-8, and a `rust::Str` built from one would throw on the C++ side.
+pub(crate) fn overlay_replaces_all_reduce(namespace: &str, owner_file: &[u8], owner_address: usize) -> bool {
     guard_or("deciding whose AllReducePlugin TensorRT sees", true, || {
-        let r = overlay::policy::replace_all_reduce(namespace, owner_file, owner_address, overlay_base_address());
+        let file = String::from_utf8_lossy(owner_file);
+        let r = overlay::policy::replace_all_reduce(namespace, &file, owner_address, overlay_base_address());
         log::log(r.severity, &r.line);
         r.replace
     })
 }
 
-pub(crate) fn overlay_is_base_creator(kind: &str, name: &str, owner_address: usize) -> bool {
+pub(crate) fn overlay_is_base_creator(kind: &[u8], name: &[u8], owner_address: usize) -> bool {
     guard_or("telling the base's creators", false, || {
-        overlay::policy::is_base_creator(kind, name, owner_address, overlay_base_address())
+        let (kind, name) = (String::from_utf8_lossy(kind), String::from_utf8_lossy(name));
+        overlay::policy::is_base_creator(&kind, &name, owner_address, overlay_base_address())
     })
 }
 
@@ -258,10 +262,10 @@ pub(crate) mod ffi {
         /// The registration policy (`overlay/policy.rs`); `cpp/registration.cpp` does what it
         /// decides. Whether to withdraw the registered AllReducePlugin creator of another library
         /// (file and load address) from `plugin_namespace` for ours; logs the replacement.
-        fn overlay_replaces_all_reduce(plugin_namespace: &str, owner_file: &str, owner_address: usize) -> bool;
+        fn overlay_replaces_all_reduce(plugin_namespace: &str, owner_file: &[u8], owner_address: usize) -> bool;
         /// Whether a registered creator (interface kind, plugin name, its code's library) is one
         /// of the base's that this library serves beside its own.
-        fn overlay_is_base_creator(kind: &str, name: &str, owner_address: usize) -> bool;
+        fn overlay_is_base_creator(kind: &[u8], name: &[u8], owner_address: usize) -> bool;
         /// Whether the base's creators are registered by this library in `plugin_namespace`.
         fn overlay_mirrors_base_in(plugin_namespace: &str) -> bool;
     }
