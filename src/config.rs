@@ -2,7 +2,7 @@
 //! it imports only the kernels' constants; `crate::config()` logs, once, every value that was
 //! set but not understood, by name).
 
-use crate::contract::EAR_MAX_BLOCKS;
+use crate::contract::{EAR_MAX_BLOCKS, EAR_MAX_RANKS};
 use std::sync::OnceLock;
 
 /// The largest `EDGELLM_ALLREDUCE_WORKSPACE_BYTES` taken (1 TiB): the workspace rule's
@@ -69,6 +69,11 @@ pub(crate) struct Config {
     /// `EDGELLM_ALLREDUCE_TUNING`: the tuning file AUTO reads (`crate::launch::tuning`; unset or empty:
     /// `edgellm-allreduce-tuning.txt` beside the library, if there is one).
     pub tuning_file: Option<std::path::PathBuf>,
+    /// `EDGELLM_ALLREDUCE_TEST_SELFTEST_FAULT`: a test hook, not a user setting (README lists no
+    /// such knob): faults injected into the peer self-test of every group this process forms, so
+    /// that the multi-process path can be tested on one GPU (tests/cpp/multiprocess_one_gpu_test.cpp).
+    /// Unset, empty or malformed (one warning): none.
+    pub selftest_fault: Option<SelfTestFault>,
     /// Values that were set but not understood, one line each (logged once, then ignored).
     pub problems: Vec<String>,
 }
@@ -120,6 +125,18 @@ impl Config {
         // A path: any text but the empty one (which means unset, as for a shell's VAR=).
         let tuning_file =
             var("EDGELLM_ALLREDUCE_TUNING").filter(|v| !v.trim().is_empty()).map(std::path::PathBuf::from);
+        let selftest_fault = match var("EDGELLM_ALLREDUCE_TEST_SELFTEST_FAULT").filter(|v| !v.trim().is_empty()) {
+            None => None,
+            Some(v) => match SelfTestFault::parse(&v) {
+                Ok(fault) => Some(fault),
+                Err(why) => {
+                    problems.push(format!(
+                        "EDGELLM_ALLREDUCE_TEST_SELFTEST_FAULT={v} is not a fault spec ({why}): ignored"
+                    ));
+                    None
+                }
+            },
+        };
         Config {
             strategy,
             workspace_bytes,
@@ -130,8 +147,59 @@ impl Config {
             pdl,
             log_level,
             tuning_file,
+            selftest_fault,
             problems,
         }
+    }
+}
+
+/// Faults for the peer self-test (a test hook: [`Config::selftest_fault`]), as rank pairs; the
+/// self-test applies each rank's share (`crate::group::selftest::SelfTestInjection`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct SelfTestFault {
+    /// `drop:A>B`: rank A does not write its token into rank B's workspace.
+    pub drop_writes: Vec<(i32, i32)>,
+    /// `garble:A>B`: rank A writes a wrong token into rank B's workspace.
+    pub garble_writes: Vec<(i32, i32)>,
+    /// `garble-slot:R`: rank R writes a wrong token into its own slot.
+    pub garble_own_slot: Vec<i32>,
+    /// `not-launched:R`: rank R's kernel is never launched.
+    pub not_launched: Vec<i32>,
+}
+
+impl SelfTestFault {
+    /// Parses a comma-separated list of `drop:A>B`, `garble:A>B`, `garble-slot:R`,
+    /// `not-launched:R` (ranks below `EAR_MAX_RANKS`, A != B); Err says what is wrong.
+    pub(crate) fn parse(spec: &str) -> std::result::Result<SelfTestFault, String> {
+        let rank = |v: &str| -> std::result::Result<i32, String> {
+            v.trim()
+                .parse::<i32>()
+                .ok()
+                .filter(|r| (0..EAR_MAX_RANKS as i32).contains(r))
+                .ok_or_else(|| format!("'{}' is not a rank from 0 to {}", v.trim(), EAR_MAX_RANKS - 1))
+        };
+        let pair = |v: &str| -> std::result::Result<(i32, i32), String> {
+            let (a, b) = v.split_once('>').ok_or_else(|| format!("'{}' is not a pair FROM>TO", v.trim()))?;
+            let (a, b) = (rank(a)?, rank(b)?);
+            if a == b {
+                return Err(format!("{a}>{b}: a rank's own slot is garble-slot:{a}"));
+            }
+            Ok((a, b))
+        };
+        let mut fault = SelfTestFault::default();
+        for item in spec.split(',') {
+            let (kind, value) = item.split_once(':').unwrap_or((item, ""));
+            match kind.trim() {
+                "drop" => fault.drop_writes.push(pair(value)?),
+                "garble" => fault.garble_writes.push(pair(value)?),
+                "garble-slot" => fault.garble_own_slot.push(rank(value)?),
+                "not-launched" => fault.not_launched.push(rank(value)?),
+                other => {
+                    return Err(format!("'{other}' is not drop:A>B, garble:A>B, garble-slot:R or not-launched:R"));
+                }
+            }
+        }
+        Ok(fault)
     }
 }
 
@@ -180,6 +248,8 @@ mod tests {
         assert_eq!(from(&[("EDGELLM_ALLREDUCE_TUNING", " ")]).tuning_file, None, "empty: unset");
         assert_eq!(c.timeout_ms, 10_000);
         assert_eq!(c.selftest_ms, 50);
+        assert_eq!(c.selftest_fault, None);
+        assert_eq!(from(&[("EDGELLM_ALLREDUCE_TEST_SELFTEST_FAULT", " ")]).selftest_fault, None, "empty: unset");
     }
 
     #[test]
@@ -242,6 +312,47 @@ mod tests {
         let c =
             from(&[("EDGELLM_ALLREDUCE_WORKSPACE_BYTES", "1099511627776"), ("EDGELLM_ALLREDUCE_MAX_BLOCKS", "128")]);
         assert_eq!((c.workspace_bytes, c.max_blocks), (Some(1 << 40), Some(128)), "the bounds themselves are taken");
+    }
+
+    #[test]
+    fn the_selftest_fault_hook_parses_every_kind() {
+        let c = from(&[(
+            "EDGELLM_ALLREDUCE_TEST_SELFTEST_FAULT",
+            "drop:0>1, garble:2>3,garble-slot:1,not-launched:3,drop:15>0",
+        )]);
+        assert!(c.problems.is_empty(), "{:?}", c.problems);
+        assert_eq!(
+            c.selftest_fault,
+            Some(SelfTestFault {
+                drop_writes: vec![(0, 1), (15, 0)],
+                garble_writes: vec![(2, 3)],
+                garble_own_slot: vec![1],
+                not_launched: vec![3],
+            })
+        );
+        assert_eq!(SelfTestFault::parse(" not-launched : 1 ").map(|f| f.not_launched), Ok(vec![1]));
+    }
+
+    #[test]
+    fn a_malformed_selftest_fault_is_one_problem_and_no_injection() {
+        for bad in [
+            "drop",
+            "drop:0",
+            "drop:0>",
+            "drop:0>0",
+            "drop:0>16",
+            "drop:-1>0",
+            "garble:a>b",
+            "not-launched:",
+            "lose:0>1",
+            "drop:0>1,",
+        ] {
+            let c = from(&[("EDGELLM_ALLREDUCE_TEST_SELFTEST_FAULT", bad)]);
+            assert_eq!(c.selftest_fault, None, "{bad}");
+            assert_eq!(c.problems.len(), 1, "{bad}: {:?}", c.problems);
+            assert!(c.problems[0]
+                .starts_with(&format!("EDGELLM_ALLREDUCE_TEST_SELFTEST_FAULT={bad} is not a fault spec (")));
+        }
     }
 
     #[test]

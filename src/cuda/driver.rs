@@ -117,7 +117,7 @@ driver_functions! {
     cuMemFree_v2(ptr: CUdeviceptr);
     cuMemsetD8_v2(ptr: CUdeviceptr, value: u8, count: usize);
     cuMemsetD32_v2(ptr: CUdeviceptr, value: c_uint, count: usize);
-    cuMemcpyHtoD_v2(dst: CUdeviceptr, src: *const c_void, bytes: usize);
+    cuMemcpyHtoDAsync_v2(dst: CUdeviceptr, src: *const c_void, bytes: usize, stream: CUstream);
     cuMemcpyDtoH_v2(dst: *mut c_void, src: CUdeviceptr, bytes: usize);
     cuMemcpyDtoDAsync_v2(dst: CUdeviceptr, src: CUdeviceptr, bytes: usize, stream: CUstream);
     cuMemHostAlloc(ptr: *mut *mut c_void, bytes: usize, flags: c_uint);

@@ -190,11 +190,16 @@ pub(crate) fn write_word(ptr: DevicePtr, value: u32) -> Result<()> {
     unsafe { driver::cuMemsetD32_v2(ptr.0, value, 1) }
 }
 
-/// Host-to-device and device-to-host copies of setup-time scratch (synchronous).
-pub(crate) fn copy_to_device(dst: DevicePtr, src: &[u8]) -> Result<()> {
-    // SAFETY: dst holds at least src.len() bytes (the caller's scratch).
-    unsafe { driver::cuMemcpyHtoD_v2(dst.0, src.as_ptr().cast(), src.len()) }
+/// Host-to-device copy of setup-time scratch, in `stream`'s order: what the stream runs next
+/// (an NCCL collective) reads the copied bytes. (A synchronous `cuMemcpyHtoD` from pageable
+/// memory may return before its DMA lands, and a non-blocking stream does not wait for it: the
+/// collective read stale scratch, seen with the stand-in NCCL of tests/cpp/shm_nccl.cpp.) `src`
+/// is staged before this returns, so it may be dropped at once.
+pub(crate) fn copy_to_device(dst: DevicePtr, src: &[u8], stream: super::Stream) -> Result<()> {
+    // SAFETY: dst holds at least src.len() bytes (the caller's scratch); a stream of its context.
+    unsafe { driver::cuMemcpyHtoDAsync_v2(dst.0, src.as_ptr().cast(), src.len(), stream.0 as sys::CUstream) }
 }
+/// Device-to-host copy of setup-time scratch (synchronous; after the scratch's stream finished).
 pub(crate) fn copy_to_host(dst: &mut [u8], src: DevicePtr) -> Result<()> {
     // SAFETY: src holds at least dst.len() bytes (the caller's scratch).
     unsafe { driver::cuMemcpyDtoH_v2(dst.as_mut_ptr().cast(), src.0, dst.len()) }

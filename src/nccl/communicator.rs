@@ -48,7 +48,7 @@ pub(crate) fn all_gather(registration: &Registration, nranks: i32, mine: &[u8]) 
     cuda::with_scratch_stream(
         n + total,
         |stream, scratch| {
-            cuda::copy_to_device(scratch, mine)?;
+            cuda::copy_to_device(scratch, mine, stream)?;
             // SAFETY: send holds n bytes, recv n * nranks, on this device; the communicator is live.
             let code = unsafe {
                 all_gather(

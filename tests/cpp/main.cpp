@@ -10,7 +10,7 @@
 
 namespace
 {
-char const* const kGpuTests = "Gpu.*:GpuFusedChain.*:NoKernelImage.*:MultiProcess.*";
+char const* const kGpuTests = "Gpu.*:GpuFusedChain.*:NoKernelImage.*:MultiProcess.*:MultiProcessOneGpu.*";
 
 //! Removes `flag` from argv; whether it was there.
 bool takeFlag(int& argc, char** argv, char const* flag)

@@ -16,6 +16,16 @@
 #                         sim_faults --one-launch; no API error is expected, so none is hidden
 #   racecheck             compute-sanitizer on sim_faults --one-launch: the waits' looks race-free
 #   memcheck, racecheck   also on the self-test's sanitizer test (rust_gpu_selftest)
+#   gtest MultiProcessOneGpu.*  the multi-process path (IPC exchange, self-test verdicts gathered,
+#                         NCCL fallback) with 2 and 4 rank processes on this one GPU, through the
+#                         shared-memory stand-in NCCL (tests/cpp/shm_nccl.cpp): healthy groups; a
+#                         dropped or garbled write, a kernel never launched (the test hook
+#                         EDGELLM_ALLREDUCE_TEST_SELFTEST_FAULT) make every rank use NCCL with the
+#                         line naming the pair; ranks with different tuning files use NCCL with the
+#                         line naming them: A from `edgellm-allreduce-bench tune --mode sim`
+#                         (TUNE_BENCH, default .carry-tune/edgellm-allreduce-bench, from
+#                         stage_contract.sh; missing: that case is skipped, saying so), B = A with
+#                         its first plain row's way changed
 # Prints one PASS/FAIL line per step and "contract_check: PASS" or "FAIL"; logs go to $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -29,13 +39,15 @@ step() { # name, log, command...: runs it with its output in log, prints its ver
   if "$@" >"$OUT/$log" 2>&1; then echo "PASS $name"; else echo "FAIL $name (rc=$?, $OUT/$log)"; status=1; fi
   grep -E "^(PASS|FAIL) |passed|test result|HANG|panicked|ERROR SUMMARY|\[  (PASSED|FAILED) " "$OUT/$log" | grep -v "^PASS " | tail -4 | sed 's/^/    /'
 }
-for f in libNvInfer_edgellm_plugin.so.1 edgellm_plugin_tests_trt10 libedgellm_fake_nccl.so rust_gpu_contract \
+for f in libNvInfer_edgellm_plugin.so.1 edgellm_plugin_tests_trt10 libedgellm_fake_nccl.so libedgellm_shm_nccl.so rust_gpu_contract \
          rust_gpu_simulated_ranks rust_gpu_selftest sim_faults sim_ranks sim_fused; do
   [ -e "$dir/$f" ] || { echo "FAIL missing $dir/$f: run tools/gpu/stage_contract.sh first"; exit 2; }
 done
 nccl=$( (ldconfig -p | awk '/libnccl.so.2 /{print $NF; exit}'; find / -name 'libnccl.so.2' -not -path '/proc/*' 2>/dev/null) | head -n1)
-gtest() { env EDGELLM_PLUGIN_PATH="$dir/libNvInfer_edgellm_plugin.so.1" EDGELLM_TEST_NCCL_LIBRARY="$nccl" \
-  timeout 300 "$dir/edgellm_plugin_tests_trt10" --gtest_filter="$1"; }
+gtest() { # filter [NAME=VALUE...]
+  local filter=$1; shift
+  env "$@" EDGELLM_PLUGIN_PATH="$dir/libNvInfer_edgellm_plugin.so.1" EDGELLM_TEST_NCCL_LIBRARY="$nccl" \
+    timeout 300 "$dir/edgellm_plugin_tests_trt10" --gtest_filter="$filter"; }
 step "gtest Faults.* (fault injection at the ABI, driver present)" gtest_faults.log gtest 'Faults.*'
 step "gtest Gpu.* (one GPU: copy, NCCL, fused, against this build)" gtest_gpu.log gtest 'Gpu.*:GpuFusedChain.*'
 step "rust contract: skipped ranks, graph lifetime, two streams" rust_contract.log \
@@ -48,6 +60,29 @@ step "sim_faults: skip, late, released, no bound, control (every family, 2 and 4
   timeout 300 "$dir/sim_faults" --timeout 20
 step "sim_ranks --quick: no wait gives up" sim_ranks.log timeout 300 "$dir/sim_ranks" --quick --no-timing --timeout 20
 step "sim_fused --quick: no wait gives up" sim_fused.log timeout 300 "$dir/sim_fused" --quick --no-timing --timeout 20
+# The multi-process path on this one GPU. Its tuning case needs two valid tuning files of this
+# machine whose tables differ: A tuned here (sim, 2 ranks, fp32, plain, quick), B = A with the
+# way of its first plain row changed (the row count stays, so B is as valid as A).
+tune_bench=${TUNE_BENCH:-.carry-tune/edgellm-allreduce-bench}
+tunings=()
+if [ -x "$tune_bench" ]; then
+  ta="$OUT/mp_tuning_a.txt" tb="$OUT/mp_tuning_b.txt"
+  if timeout 300 "$tune_bench" tune --mode sim --ranks 2 --dtype fp32 --no-fused --quick --max-bytes 1M \
+       --out "$ta" --csv "$OUT/mp_tune.csv" >"$OUT/mp_tune.log" 2>&1; then
+    awk '!done && /^plain / { $NF = ($NF == "nccl" ? "oneshot" : "nccl"); done = 1 } { print }' "$ta" >"$tb"
+    if cmp -s "$ta" "$tb"; then
+      echo "FAIL no plain row to change in $ta"; status=1
+    else
+      tunings=(EDGELLM_TEST_TUNING_A="$ta" EDGELLM_TEST_TUNING_B="$tb")
+    fi
+  else
+    echo "FAIL tune --mode sim for the tuning files ($OUT/mp_tune.log)"; status=1
+  fi
+else
+  echo "SKIP the tuning case of MultiProcessOneGpu: no benchmark at $tune_bench (TUNE_BENCH, or stage_contract.sh's .carry-tune/)"
+fi
+step "gtest MultiProcessOneGpu.* (rank processes on one GPU: healthy, faults injected, tuning files)" gtest_mp_one_gpu.log \
+  gtest 'ShmNccl.*:MultiProcessOneGpu.*' "${tunings[@]}"
 san=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -n1)
 if [ -n "$san" ]; then
   step "memcheck: capture, release, replay (rust)" memcheck_graph.log timeout 300 "$san" --tool memcheck --error-exitcode 9 \

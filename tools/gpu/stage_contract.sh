@@ -2,8 +2,11 @@
 # Builds what tools/gpu/contract_check.sh runs on a GPU machine (the cross-rank contract: bounded
 # waits, faults, graph lifetimes, streams, input hardening) into .carry-contract/ (git-ignored;
 # carry that folder): the library and the gtest binary (TensorRT 10 build, with its stand-in
-# libnvinfer and the stand-in NCCL of the fault tests), the Rust GPU tests (contract, simulated
-# ranks, peer self-test), and the kernel simulations (faults, plain, fused). Run after tools/install.sh.
+# libnvinfer, the stand-in NCCL of the fault tests, and the shared-memory stand-in NCCL whose
+# ranks are processes on one GPU: MultiProcessOneGpu.*), the Rust GPU tests (contract, simulated
+# ranks, peer self-test), and the kernel simulations (faults, plain, fused); and the benchmark
+# into .carry-tune/ (tune_check.sh; contract_check.sh makes its tuning files with it). Run after
+# tools/install.sh.
 # BENCH=1 also stages .carry-contract-bench/ (a carry of its own): edgellm-allreduce-bench of
 # this tree and of BASE (default aa6094a, main before the contract, built from `git archive` in a temporary folder), for
 # tools/gpu/contract_bench.sh (a device call of its own).
@@ -15,7 +18,7 @@ rm -rf "$dest"
 mkdir -p "$dest/trt10"
 archs=$(grep -oP '^EDGELLM_CUDA_ARCHS:STRING=\K.*' "$root/build/CMakeCache.txt")
 cp -L "$root/build/libNvInfer_edgellm_plugin.so.1" "$root/build/tests/edgellm_plugin_tests_trt10" \
-  "$root/build/tests/libedgellm_fake_nccl.so" "$dest/"
+  "$root/build/tests/libedgellm_fake_nccl.so" "$root/build/tests/libedgellm_shm_nccl.so" "$dest/"
 cp -L "$root/build/tests/trt10/libnvinfer.so.10" "$dest/trt10/"
 list=$(cd "$root" && EDGELLM_CUDA_ARCHS=${archs//;/,} cargo test --release --no-run --test gpu_contract --test gpu_simulated_ranks --test gpu_selftest 2>&1)
 for test in gpu_contract gpu_simulated_ranks gpu_selftest; do
@@ -24,7 +27,8 @@ done
 for sim in sim_faults sim_ranks sim_fused; do
   SIM_NAME=$sim SIM_OUT="$dest" SIM_BUILD_ONLY=1 "$root/tests/gpu/kernels/build_and_run.sh"
 done
-# The benchmark into .carry-tune/, for tools/gpu/tune_check.sh (tune --mode sim, then AUTO with the file).
+# The benchmark into .carry-tune/, for tools/gpu/tune_check.sh (tune --mode sim, then AUTO with the
+# file) and the tuning files of contract_check.sh's multi-process step.
 (cd "$root" && EDGELLM_CUDA_ARCHS=${archs//;/,} cargo build --release -q -p edgellm-allreduce-bench)
 rm -rf "$root/.carry-tune" && mkdir -p "$root/.carry-tune"  # a carry of its own (64 MiB a call)
 cp "$root/target/release/edgellm-allreduce-bench" "$root/.carry-tune/"

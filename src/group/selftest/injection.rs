@@ -24,6 +24,18 @@ pub struct SelfTestInjection {
 }
 
 impl SelfTestInjection {
+    /// The faults of the test hook `EDGELLM_ALLREDUCE_TEST_SELFTEST_FAULT` (`crate::config`),
+    /// with a warning while any is set (never a user setting); none when it is unset.
+    pub(crate) fn configured() -> SelfTestInjection {
+        let Some(fault) = crate::config().selftest_fault.clone() else {
+            return SelfTestInjection::default();
+        };
+        crate::log::warning(&format!(
+            "EDGELLM_ALLREDUCE_TEST_SELFTEST_FAULT (a test hook): the peer self-test runs with faults injected: {fault:?}"
+        ));
+        SelfTestInjection::from(fault)
+    }
+
     pub(crate) fn for_rank(&self, rank: i32) -> RankInjection {
         let mask = |pairs: &[(i32, i32)]| {
             pairs
@@ -43,6 +55,18 @@ impl SelfTestInjection {
     pub(crate) fn bounds(&self) -> Option<Bounds> {
         let bounds = self.bound.map(Bounds::new).or_else(Bounds::configured)?;
         Some(Bounds { host: self.host_wait.unwrap_or(bounds.host), ..bounds })
+    }
+}
+
+impl From<crate::config::SelfTestFault> for SelfTestInjection {
+    fn from(fault: crate::config::SelfTestFault) -> Self {
+        SelfTestInjection {
+            drop_writes: fault.drop_writes,
+            garble_writes: fault.garble_writes,
+            garble_own_slot: fault.garble_own_slot,
+            not_launched: fault.not_launched,
+            ..Default::default()
+        }
     }
 }
 

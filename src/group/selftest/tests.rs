@@ -180,6 +180,18 @@ fn injections_become_the_ranks_masks() {
 }
 
 #[test]
+fn the_test_hooks_spec_becomes_each_ranks_masks() {
+    // EDGELLM_ALLREDUCE_TEST_SELFTEST_FAULT as the exchange applies it: each rank its share.
+    let fault = crate::config::SelfTestFault::parse("drop:0>1,garble:1>0,garble-slot:2,not-launched:3").unwrap();
+    let inject = SelfTestInjection::from(fault);
+    assert_eq!(inject.for_rank(0), RankInjection { skip_mask: 0b10, ..Default::default() });
+    assert_eq!(inject.for_rank(1), RankInjection { garble_mask: 0b1, ..Default::default() });
+    assert_eq!(inject.for_rank(2), RankInjection { garble_mask: 0b100, ..Default::default() });
+    assert_eq!(inject.for_rank(3), RankInjection { not_launched: true, ..Default::default() });
+    assert_eq!((inject.bound, inject.host_wait), (None, None), "the configured bounds");
+}
+
+#[test]
 fn the_bound_is_short_and_the_host_waits_a_little_longer() {
     // The default bound (Bounds::configured reads the environment's, if any).
     let b = Bounds::new(Duration::from_millis(crate::config::DEFAULT_SELFTEST_MS));
