@@ -165,11 +165,15 @@ pub(crate) struct SelfTestFault {
     pub garble_own_slot: Vec<i32>,
     /// `not-launched:R`: rank R's kernel is never launched.
     pub not_launched: Vec<i32>,
+    /// `host-wait:MS`: every rank's host waits MS milliseconds for its kernel instead of the
+    /// bound plus its grace; shorter than `EDGELLM_ALLREDUCE_SELFTEST_MS`, a kernel still runs
+    /// when its host gives up (what a peer load that never returns looks like).
+    pub host_wait_ms: Option<u64>,
 }
 
 impl SelfTestFault {
     /// Parses a comma-separated list of `drop:A>B`, `garble:A>B`, `garble-slot:R`,
-    /// `not-launched:R` (ranks below `EAR_MAX_RANKS`, A != B); Err says what is wrong.
+    /// `not-launched:R` (ranks below `EAR_MAX_RANKS`, A != B), `host-wait:MS`; Err says what is wrong.
     pub(crate) fn parse(spec: &str) -> std::result::Result<SelfTestFault, String> {
         let rank = |v: &str| -> std::result::Result<i32, String> {
             v.trim()
@@ -194,8 +198,16 @@ impl SelfTestFault {
                 "garble" => fault.garble_writes.push(pair(value)?),
                 "garble-slot" => fault.garble_own_slot.push(rank(value)?),
                 "not-launched" => fault.not_launched.push(rank(value)?),
+                "host-wait" => {
+                    let ms = value.trim().parse::<u64>().ok().filter(|ms| *ms <= MAX_SELFTEST_MS);
+                    fault.host_wait_ms = Some(ms.ok_or_else(|| {
+                        format!("'{}' is not a wait in milliseconds up to {MAX_SELFTEST_MS}", value.trim())
+                    })?);
+                }
                 other => {
-                    return Err(format!("'{other}' is not drop:A>B, garble:A>B, garble-slot:R or not-launched:R"));
+                    return Err(format!(
+                        "'{other}' is not drop:A>B, garble:A>B, garble-slot:R, not-launched:R or host-wait:MS"
+                    ));
                 }
             }
         }
@@ -318,7 +330,7 @@ mod tests {
     fn the_selftest_fault_hook_parses_every_kind() {
         let c = from(&[(
             "EDGELLM_ALLREDUCE_TEST_SELFTEST_FAULT",
-            "drop:0>1, garble:2>3,garble-slot:1,not-launched:3,drop:15>0",
+            "drop:0>1, garble:2>3,garble-slot:1,not-launched:3,drop:15>0,host-wait:25",
         )]);
         assert!(c.problems.is_empty(), "{:?}", c.problems);
         assert_eq!(
@@ -328,6 +340,7 @@ mod tests {
                 garble_writes: vec![(2, 3)],
                 garble_own_slot: vec![1],
                 not_launched: vec![3],
+                host_wait_ms: Some(25),
             })
         );
         assert_eq!(SelfTestFault::parse(" not-launched : 1 ").map(|f| f.not_launched), Ok(vec![1]));

@@ -118,7 +118,10 @@ driver_functions! {
     cuMemsetD8_v2(ptr: CUdeviceptr, value: u8, count: usize);
     cuMemsetD32_v2(ptr: CUdeviceptr, value: c_uint, count: usize);
     cuMemcpyHtoDAsync_v2(dst: CUdeviceptr, src: *const c_void, bytes: usize, stream: CUstream);
-    cuMemcpyDtoH_v2(dst: *mut c_void, src: CUdeviceptr, bytes: usize);
+    cuMemcpyDtoHAsync_v2(dst: *mut c_void, src: CUdeviceptr, bytes: usize, stream: CUstream);
+    cuMemAllocAsync(ptr: *mut CUdeviceptr, bytes: usize, stream: CUstream);
+    cuMemFreeAsync(ptr: CUdeviceptr, stream: CUstream);
+    cuMemsetD8Async(ptr: CUdeviceptr, value: u8, count: usize, stream: CUstream);
     cuMemcpyDtoDAsync_v2(dst: CUdeviceptr, src: CUdeviceptr, bytes: usize, stream: CUstream);
     cuMemHostAlloc(ptr: *mut *mut c_void, bytes: usize, flags: c_uint);
     cuMemHostGetDevicePointer_v2(device: *mut CUdeviceptr, host: *mut c_void, flags: c_uint);

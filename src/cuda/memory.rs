@@ -199,8 +199,13 @@ pub(crate) fn copy_to_device(dst: DevicePtr, src: &[u8], stream: super::Stream) 
     // SAFETY: dst holds at least src.len() bytes (the caller's scratch); a stream of its context.
     unsafe { driver::cuMemcpyHtoDAsync_v2(dst.0, src.as_ptr().cast(), src.len(), stream.0 as sys::CUstream) }
 }
-/// Device-to-host copy of setup-time scratch (synchronous; after the scratch's stream finished).
-pub(crate) fn copy_to_host(dst: &mut [u8], src: DevicePtr) -> Result<()> {
-    // SAFETY: src holds at least dst.len() bytes (the caller's scratch).
-    unsafe { driver::cuMemcpyDtoH_v2(dst.as_mut_ptr().cast(), src.0, dst.len()) }
+
+/// Device-to-host copy of setup-time scratch in `stream`'s order, then a wait for that stream
+/// alone (never for the context: see [`super::with_scratch_stream`]).
+pub(crate) fn copy_to_host(dst: &mut [u8], src: DevicePtr, stream: super::Stream) -> Result<()> {
+    let raw = stream.0 as sys::CUstream;
+    // SAFETY: src holds at least dst.len() bytes (the caller's scratch); `dst` outlives the wait below.
+    unsafe { driver::cuMemcpyDtoHAsync_v2(dst.as_mut_ptr().cast(), src.0, dst.len(), raw) }?;
+    // SAFETY: a stream of the current context.
+    unsafe { driver::cuStreamSynchronize(raw) }
 }

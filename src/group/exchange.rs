@@ -15,7 +15,7 @@ use crate::contract::{EAR_MAX_BLOCKS, EAR_PROTOCOL_ID};
 use crate::cuda::{self, IpcMapping};
 use crate::error::{Error, Result};
 use crate::group::device::Registration;
-use crate::group::selftest::{self, Bounds, RankVerdict, SelfTestInjection, VERDICT_BYTES};
+use crate::group::selftest::{self, RankVerdict, SelfTestInjection, VERDICT_BYTES};
 use crate::group::{self, Group, Member};
 use crate::link::{self, LinkClass, PairFacts};
 use crate::nccl::communicator::{self, CommInfo};
@@ -299,11 +299,11 @@ pub(crate) fn exchange(device: i32, registration: &Registration, info: CommInfo,
 /// with the test off sends none: if some rank tested, it counts as not run and the group
 /// fails; if none did, there is nothing to decide), and every rank decides on the same bytes.
 fn self_test(registration: &Registration, info: CommInfo, group: &Group) -> Result<()> {
-    let bounds = Bounds::configured();
-    let mine = match bounds {
-        // Faults come only from the test hook (`SelfTestInjection::configured`); each rank
-        // applies its own share of the same spec.
-        Some(bounds) => match group.self_test_rank(info.rank, 1, SelfTestInjection::configured().for_rank(info.rank)) {
+    // Faults (and a shorter host wait) come only from the test hook
+    // (`SelfTestInjection::configured`); each rank applies its own share of the same spec.
+    let inject = SelfTestInjection::configured();
+    let mine = match inject.bounds() {
+        Some(bounds) => match group.self_test_rank(info.rank, 1, inject.for_rank(info.rank)) {
             Ok(rank) => Some(selftest::run_one_rank(&rank, bounds)),
             Err(_) => Some(RankVerdict::not_run(info.rank, info.nranks, -1)),
         },

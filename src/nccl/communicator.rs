@@ -65,9 +65,9 @@ pub(crate) fn all_gather(registration: &Registration, nranks: i32, mine: &[u8]) 
             }
             Ok(())
         },
-        |scratch| {
+        |stream, scratch| {
             let mut everyone = vec![0u8; total];
-            cuda::copy_to_host(&mut everyone, scratch.offset(n as u64))?;
+            cuda::copy_to_host(&mut everyone, scratch.offset(n as u64), stream)?;
             Ok(everyone)
         },
     )

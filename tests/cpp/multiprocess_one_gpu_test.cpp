@@ -8,7 +8,9 @@
 //                         a healthy group forms on every rank and sums exactly; a self-test
 //                         fault injected through EDGELLM_ALLREDUCE_TEST_SELFTEST_FAULT (a dropped
 //                         or garbled write, a kernel never launched) makes EVERY rank use NCCL,
-//                         quickly, with the line naming the pair, and the sums stay exact; ranks
+//                         quickly, with the line naming the pair, and the sums stay exact; a
+//                         kernel still running when its host gives up (host-wait shorter than the
+//                         bound) holds up no rank's gather of the verdicts; ranks
 //                         with different tuning files (EDGELLM_TEST_TUNING_A/_B, made on the GPU
 //                         machine by tools/gpu/contract_check.sh) use NCCL with the line naming
 //                         them. A child that hangs is killed at a bound and fails the test.
@@ -539,6 +541,7 @@ struct GroupCase
     std::vector<std::string> absent; //!< texts no rank's log may hold
     std::string fault;               //!< EDGELLM_ALLREDUCE_TEST_SELFTEST_FAULT ("" unset)
     std::vector<std::string> tuning; //!< EDGELLM_ALLREDUCE_TUNING per rank ("" or missing: unset)
+    std::string selftestMs;          //!< EDGELLM_ALLREDUCE_SELFTEST_MS ("" unset: the default bound)
 };
 
 std::string joined(std::vector<std::string> const& v)
@@ -576,6 +579,8 @@ void runGroup(GroupCase const& g, std::string const& name)
             setenv("EDGELLM_ALLREDUCE_EXCHANGE", "register", 1);
             unsetenv("EDGELLM_ALLREDUCE_STRATEGY");
             g.fault.empty() ? unsetenv(kFaultVar) : setenv(kFaultVar, g.fault.c_str(), 1);
+            g.selftestMs.empty() ? unsetenv("EDGELLM_ALLREDUCE_SELFTEST_MS")
+                                 : setenv("EDGELLM_ALLREDUCE_SELFTEST_MS", g.selftestMs.c_str(), 1);
             tuning.empty() ? unsetenv("EDGELLM_ALLREDUCE_TUNING") : setenv("EDGELLM_ALLREDUCE_TUNING", tuning.c_str(), 1);
             execl("/proc/self/exe", "child", "--gtest_filter=MultiProcessOneGpu.Child", static_cast<char*>(nullptr));
             _exit(127);
@@ -646,23 +651,23 @@ TEST(MultiProcessOneGpu, Child)
 TEST(MultiProcessOneGpu, TwoRanksFormTheGroupAndSumExactly)
 {
     REQUIRE_PARENT_AND_GPU();
-    runGroup(GroupCase{2, true, kReady, kNoFault, "", {}}, "healthy2");
+    runGroup(GroupCase{2, true, kReady, kNoFault, "", {}, ""}, "healthy2");
 }
 
 TEST(MultiProcessOneGpu, FourRanksFormTheGroupAndSumExactly)
 {
     REQUIRE_PARENT_AND_GPU();
-    runGroup(GroupCase{4, true, kReady, kNoFault, "", {}}, "healthy4");
+    runGroup(GroupCase{4, true, kReady, kNoFault, "", {}, ""}, "healthy4");
 }
 
 TEST(MultiProcessOneGpu, ADroppedWriteMakesEveryRankUseNccl)
 {
     REQUIRE_PARENT_AND_GPU();
     runGroup(GroupCase{2, false, {"the peer self-test failed: rank 0 -> rank 1", "(write lost)", "the NCCL path only"},
-                 {"workspaces exchanged through NCCL"}, "drop:0>1", {}},
+                 {"workspaces exchanged through NCCL"}, "drop:0>1", {}, ""},
         "drop2");
     runGroup(GroupCase{4, false, {"the peer self-test failed: rank 2 -> rank 1", "(write lost)"},
-                 {"workspaces exchanged through NCCL"}, "drop:2>1", {}},
+                 {"workspaces exchanged through NCCL"}, "drop:2>1", {}, ""},
         "drop4");
 }
 
@@ -670,7 +675,7 @@ TEST(MultiProcessOneGpu, AGarbledWriteMakesEveryRankUseNccl)
 {
     REQUIRE_PARENT_AND_GPU();
     runGroup(GroupCase{4, false, {"the peer self-test failed: rank 3 -> rank 0", "(write wrong)"},
-                 {"workspaces exchanged through NCCL"}, "garble:3>0", {}},
+                 {"workspaces exchanged through NCCL"}, "garble:3>0", {}, ""},
         "garble4");
 }
 
@@ -678,8 +683,21 @@ TEST(MultiProcessOneGpu, AKernelNeverLaunchedMakesEveryRankUseNccl)
 {
     REQUIRE_PARENT_AND_GPU();
     runGroup(GroupCase{2, false, {"the peer self-test failed: rank 1 (", "ran no self-test kernel"},
-                 {"workspaces exchanged through NCCL"}, "not-launched:1", {}},
+                 {"workspaces exchanged through NCCL"}, "not-launched:1", {}, ""},
         "notlaunched2");
+}
+
+TEST(MultiProcessOneGpu, AKernelStillRunningNeverHoldsUpTheVerdictsGather)
+{
+    REQUIRE_PARENT_AND_GPU();
+    // What a peer load that never returns looks like to the host: rank 1's kernel waits for a
+    // token rank 0 never writes, for its 8 s bound, while its host gives up after 50 ms. Rank 1
+    // must still take part in the verdicts' gather at once (its scratch is stream-ordered: a
+    // wait for the whole device would hold every rank for 8 s, past kSetupBoundSeconds), and
+    // every rank uses NCCL; the group's memory is leaked, never freed under the kernel.
+    runGroup(GroupCase{2, false, {"the peer self-test failed: rank 1's self-test kernel", "did not finish", "the NCCL path only"},
+                 {"workspaces exchanged through NCCL"}, "drop:0>1,host-wait:50", {}, "8000"},
+        "stillrunning2");
 }
 
 TEST(MultiProcessOneGpu, DifferentTuningFilesMakeEveryRankUseNccl)
@@ -698,10 +716,10 @@ TEST(MultiProcessOneGpu, DifferentTuningFilesMakeEveryRankUseNccl)
     std::vector<std::string> lines = loaded;
     lines.insert(lines.end(), {"rank 1 chooses kernels by other AUTO tables than rank 0: their tuning files differ",
                                   "EDGELLM_ALLREDUCE_TUNING", "the NCCL path only"});
-    runGroup(GroupCase{2, false, lines, notRefused, "", {a, b}}, "tuningAB");
+    runGroup(GroupCase{2, false, lines, notRefused, "", {a, b}, ""}, "tuningAB");
     std::vector<std::string> absent = notRefused;
     absent.insert(absent.end(), kNoFault.begin(), kNoFault.end());
     std::vector<std::string> ready = loaded;
     ready.insert(ready.end(), kReady.begin(), kReady.end());
-    runGroup(GroupCase{2, true, ready, absent, "", {a, a}}, "tuningAA");
+    runGroup(GroupCase{2, true, ready, absent, "", {a, a}, ""}, "tuningAA");
 }

@@ -16,6 +16,7 @@
 #                         sim_faults --one-launch; no API error is expected, so none is hidden
 #   racecheck             compute-sanitizer on sim_faults --one-launch: the waits' looks race-free
 #   memcheck, racecheck   also on the self-test's sanitizer test (rust_gpu_selftest)
+#   rust tuning file      a group uses the tuning file its process loaded (tests/gpu_tuning.rs)
 #   gtest MultiProcessOneGpu.*  the multi-process path (IPC exchange, self-test verdicts gathered,
 #                         NCCL fallback) with 2 and 4 rank processes on this one GPU, through the
 #                         shared-memory stand-in NCCL (tests/cpp/shm_nccl.cpp): healthy groups; a
@@ -40,7 +41,7 @@ step() { # name, log, command...: runs it with its output in log, prints its ver
   grep -E "^(PASS|FAIL) |passed|test result|HANG|panicked|ERROR SUMMARY|\[  (PASSED|FAILED) " "$OUT/$log" | grep -v "^PASS " | tail -4 | sed 's/^/    /'
 }
 for f in libNvInfer_edgellm_plugin.so.1 edgellm_plugin_tests_trt10 libedgellm_fake_nccl.so libedgellm_shm_nccl.so rust_gpu_contract \
-         rust_gpu_simulated_ranks rust_gpu_selftest sim_faults sim_ranks sim_fused; do
+         rust_gpu_simulated_ranks rust_gpu_selftest rust_gpu_tuning sim_faults sim_ranks sim_fused; do
   [ -e "$dir/$f" ] || { echo "FAIL missing $dir/$f: run tools/gpu/stage_contract.sh first"; exit 2; }
 done
 nccl=$( (ldconfig -p | awk '/libnccl.so.2 /{print $NF; exit}'; find / -name 'libnccl.so.2' -not -path '/proc/*' 2>/dev/null) | head -n1)
@@ -56,6 +57,8 @@ step "rust simulated ranks: every family, type and rank count (waits bounded)" r
   timeout 300 "$dir/rust_gpu_simulated_ranks" --ignored --test-threads 1 --nocapture
 step "rust self-test: healthy, write lost, garbled, never launched, past the host's deadline" rust_selftest.log \
   timeout 300 "$dir/rust_gpu_selftest" --ignored --test-threads 1 --nocapture
+step "rust tuning file: AUTO takes the loaded file's choice" rust_tuning.log \
+  timeout 300 "$dir/rust_gpu_tuning" --ignored --nocapture
 step "sim_faults: skip, late, released, no bound, control (every family, 2 and 4 ranks)" sim_faults.log \
   timeout 300 "$dir/sim_faults" --timeout 20
 step "sim_ranks --quick: no wait gives up" sim_ranks.log timeout 300 "$dir/sim_ranks" --quick --no-timing --timeout 20

@@ -4,7 +4,7 @@
 # carry that folder): the library and the gtest binary (TensorRT 10 build, with its stand-in
 # libnvinfer, the stand-in NCCL of the fault tests, and the shared-memory stand-in NCCL whose
 # ranks are processes on one GPU: MultiProcessOneGpu.*), the Rust GPU tests (contract, simulated
-# ranks, peer self-test), and the kernel simulations (faults, plain, fused); and the benchmark
+# ranks, peer self-test, tuning file), and the kernel simulations (faults, plain, fused); and the benchmark
 # into .carry-tune/ (tune_check.sh; contract_check.sh makes its tuning files with it). Run after
 # tools/install.sh.
 # BENCH=1 also stages .carry-contract-bench/ (a carry of its own): edgellm-allreduce-bench of
@@ -20,8 +20,8 @@ archs=$(grep -oP '^EDGELLM_CUDA_ARCHS:STRING=\K.*' "$root/build/CMakeCache.txt")
 cp -L "$root/build/libNvInfer_edgellm_plugin.so.1" "$root/build/tests/edgellm_plugin_tests_trt10" \
   "$root/build/tests/libedgellm_fake_nccl.so" "$root/build/tests/libedgellm_shm_nccl.so" "$dest/"
 cp -L "$root/build/tests/trt10/libnvinfer.so.10" "$dest/trt10/"
-list=$(cd "$root" && EDGELLM_CUDA_ARCHS=${archs//;/,} cargo test --release --no-run --test gpu_contract --test gpu_simulated_ranks --test gpu_selftest 2>&1)
-for test in gpu_contract gpu_simulated_ranks gpu_selftest; do
+list=$(cd "$root" && EDGELLM_CUDA_ARCHS=${archs//;/,} cargo test --release --no-run --test gpu_contract --test gpu_simulated_ranks --test gpu_selftest --test gpu_tuning 2>&1)
+for test in gpu_contract gpu_simulated_ranks gpu_selftest gpu_tuning; do
   cp "$root/$(grep -oP "Executable tests/$test.rs \(\K[^)]+" <<<"$list")" "$dest/rust_$test"
 done
 for sim in sim_faults sim_ranks sim_fused; do

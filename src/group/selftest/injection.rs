@@ -65,7 +65,8 @@ impl From<crate::config::SelfTestFault> for SelfTestInjection {
             garble_writes: fault.garble_writes,
             garble_own_slot: fault.garble_own_slot,
             not_launched: fault.not_launched,
-            ..Default::default()
+            host_wait: fault.host_wait_ms.map(Duration::from_millis),
+            bound: None,
         }
     }
 }

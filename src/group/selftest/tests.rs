@@ -189,6 +189,10 @@ fn the_test_hooks_spec_becomes_each_ranks_masks() {
     assert_eq!(inject.for_rank(2), RankInjection { garble_mask: 0b100, ..Default::default() });
     assert_eq!(inject.for_rank(3), RankInjection { not_launched: true, ..Default::default() });
     assert_eq!((inject.bound, inject.host_wait), (None, None), "the configured bounds");
+    let fault = crate::config::SelfTestFault::parse("drop:0>1,host-wait:20").unwrap();
+    assert_eq!(SelfTestInjection::from(fault).host_wait, Some(Duration::from_millis(20)));
+    assert!(crate::config::SelfTestFault::parse("host-wait:x").is_err());
+    assert!(crate::config::SelfTestFault::parse("host-wait:60001").is_err());
 }
 
 #[test]
