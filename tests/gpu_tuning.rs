@@ -6,8 +6,10 @@
 //! (Ranks with different files use NCCL: the exchange's agreement, tested on CPU and across
 //! processes by tests/cpp/multiprocess_one_gpu_test.cpp.)
 //!
-//! Needs a GPU, so the test is `#[ignore]`d: tools/gpu/contract_check.sh runs the binary with
-//! `--ignored`. One test per binary: the file is read once per process.
+//! The library reads its settings when it is loaded (before `main`: its static registration), so
+//! the test writes the file, then runs itself again with `EDGELLM_ALLREDUCE_TUNING` naming it,
+//! as a user's process starts. Needs a GPU, so the test is `#[ignore]`d:
+//! tools/gpu/contract_check.sh runs the binary with `--ignored`.
 
 use edgellm_allreduce::tuning::{self, Machine, Section, SectionKey, TunedOp, Tuning};
 use edgellm_allreduce::{
@@ -29,15 +31,27 @@ fn builtin(nranks: i32, bytes: u64) -> Option<Family> {
     rows.iter().find(|(upto, _)| bytes <= *upto).and_then(|(_, f)| *f)
 }
 
+/// Set in the process that loads the file (the test run again by itself).
+const CHILD: &str = "EDGELLM_TEST_TUNING_CHILD";
+const SMALL: u64 = 8 << 10;
+const LARGE: u64 = 4 << 20;
+
+/// The file's 2-rank choice up to 64 KiB: a family the built-in table does not take at SMALL.
+fn ours() -> Family {
+    if builtin(2, SMALL) == Some(Family::TwoShot) {
+        Family::OneShot
+    } else {
+        Family::TwoShot
+    }
+}
+
 #[test]
 #[ignore = "needs a GPU: tools/gpu/contract_check.sh"]
 fn a_group_uses_the_tuning_file_it_loaded() {
     let _ctx = gpu();
-    const SMALL: u64 = 8 << 10;
-    const LARGE: u64 = 4 << 20;
-    // The file's 2-rank choice: a family the built-in table does not take at SMALL, then NCCL.
-    let theirs = builtin(2, SMALL);
-    let ours = if theirs == Some(Family::TwoShot) { Family::OneShot } else { Family::TwoShot };
+    if std::env::var_os(CHILD).is_some() {
+        return loads_and_uses_it();
+    }
     let machine = Machine::current().expect("this machine as the library sees it");
     let file = Tuning {
         machine,
@@ -45,18 +59,33 @@ fn a_group_uses_the_tuning_file_it_loaded() {
         library: tuning::library_id(),
         sections: vec![Section {
             key: SectionKey { op: TunedOp::Plain, nranks: 2, dtype: None, width: None },
-            rows: vec![(64 << 10, FusedChoice::Fused(ours)), (u64::MAX, FusedChoice::Nccl)],
+            rows: vec![(64 << 10, FusedChoice::Fused(ours())), (u64::MAX, FusedChoice::Nccl)],
         }],
     };
     file.validate().expect("a valid file");
     let path = std::env::temp_dir().join(format!("edgellm-allreduce-tuning-{}.txt", std::process::id()));
     std::fs::write(&path, file.to_text()).unwrap();
-    // Before the library reads its settings (nothing above has asked it).
-    std::env::set_var("EDGELLM_ALLREDUCE_TUNING", &path);
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--ignored", "--exact", "a_group_uses_the_tuning_file_it_loaded", "--nocapture"])
+        .env(CHILD, "1")
+        .env("EDGELLM_ALLREDUCE_TUNING", &path)
+        .output()
+        .expect("the test runs itself");
+    std::fs::remove_file(&path).ok();
+    print!("{}", String::from_utf8_lossy(&out.stdout));
+    eprint!("{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "the process that loaded the file failed: {}", out.status);
+}
 
+/// In the process started with `EDGELLM_ALLREDUCE_TUNING`: the file is loaded, and AUTO takes it.
+fn loads_and_uses_it() {
+    let path = std::env::var_os("EDGELLM_ALLREDUCE_TUNING").expect("the file is named");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let written = Tuning::parse(&text).expect("the file as written");
     let loaded = tuning::active().expect("the file is loaded (a refusal is logged above)");
-    assert_eq!(loaded.fingerprint(), file.fingerprint());
-    assert_eq!(tuning::active_fingerprint(), file.fingerprint());
+    assert_eq!(loaded.fingerprint(), written.fingerprint());
+    assert_eq!(tuning::active_fingerprint(), written.fingerprint());
+    let (theirs, ours) = (builtin(2, SMALL), ours());
 
     let two = Group::simulated(0, 2, 16 << 20).unwrap();
     let chosen = choose(Requested::Auto, &plain(2, SMALL), Some(&two));
@@ -75,5 +104,4 @@ fn a_group_uses_the_tuning_file_it_loaded() {
     let chosen = choose(Requested::Auto, &plain(4, SMALL), Some(&four));
     println!("4 ranks, {SMALL} B: built-in {:?}, AUTO chose {:?}", builtin(4, SMALL), chosen.path);
     assert_eq!(chosen.path, builtin(4, SMALL).map_or(Path::Nccl, Path::Custom));
-    std::fs::remove_file(&path).ok();
 }
