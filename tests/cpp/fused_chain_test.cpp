@@ -6,6 +6,7 @@
 // as TensorRT's ONNX parser hands over a node's INT and FLOAT attributes (kINT32, kFLOAT32).
 // Skipped without a GPU; on the H200 through tools/gpu/run_gpu_tests.sh.
 
+#include "gpu.h"
 #include "library.h"
 
 #include <cuda_bf16.h>
@@ -209,19 +210,11 @@ char const* typeName(DataType t)
     return t == DataType::kFLOAT ? "fp32" : t == DataType::kHALF ? "fp16" : "bf16";
 }
 
-bool haveGpu()
-{
-    int n = 0;
-    return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
 } // namespace
 
 TEST(GpuFusedChain, FusedNodeEqualsTheChainItReplaces)
 {
-    if (!haveGpu())
-    {
-        GTEST_SKIP() << "no CUDA device";
-    }
+    REQUIRE_GPU();
     std::vector<Case> cases;
     for (DataType t : {DataType::kHALF, DataType::kBF16, DataType::kFLOAT})
     {

@@ -3,6 +3,7 @@
 // a stream with device buffers), the NCCL path with a real one-rank communicator from the process's NCCL (EDGELLM_TEST_NCCL_LIBRARY or
 // libnccl.so.2), registered the Edge-LLM way.
 
+#include "gpu.h"
 #include "library.h"
 
 #include <cuda.h>
@@ -27,16 +28,6 @@ using namespace nvinfer1;
 
 namespace
 {
-bool haveGpu()
-{
-    int n = 0;
-    return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
-
-#define REQUIRE_GPU()                                                                                                  \
-    if (!haveGpu())                                                                                                    \
-    GTEST_SKIP() << "no CUDA device"
-
 #define CUDA_OK(call) ASSERT_EQ((call), cudaSuccess) << #call
 
 struct PluginDeleter

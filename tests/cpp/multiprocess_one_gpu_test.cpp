@@ -16,6 +16,7 @@
 //                         them. A child that hangs is killed at a bound and fails the test.
 // Without a GPU the MultiProcessOneGpu tests skip.
 
+#include "gpu.h"
 #include "library.h"
 #include "shm_nccl.h"
 
@@ -363,15 +364,6 @@ TEST(ShmNccl, CallsThatDoNotPairUpFail)
 // --- The library's multi-process path on one GPU ---------------------------------------------------
 namespace
 {
-bool haveGpu()
-{
-    int n = 0;
-    return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
-
-#define REQUIRE_GPU()                                                                                                  \
-    if (!haveGpu())                                                                                                    \
-    GTEST_SKIP() << "no CUDA device"
 
 // What the parent tells each child (environment variables).
 constexpr char const* kRankVar = "EDGELLM_TEST_MP1_RANK";
