@@ -307,7 +307,7 @@ TEST(ShmNccl, AMissingRankEndsItsPeersAtTheBoundNeverAHang)
     std::vector<double> took(2);
     std::vector<int> codes(2, -1), after(2, -1);
     onRanks(2, [&](int rank) -> std::string {
-        EdgellmShmComm c = makeComm(path, 2, rank, 300);
+        EdgellmShmComm c = makeComm(path, 2, rank, 1000);
         float x = 1.F, y = 0.F;
         if (shm().allReduce(&x, &y, 1, kFloat32, 0, &c, nullptr) != 0 || y != 2.F)
         {
@@ -329,10 +329,12 @@ TEST(ShmNccl, AMissingRankEndsItsPeersAtTheBoundNeverAHang)
     unlink(path.c_str());
     EXPECT_EQ(codes[1], -1) << "rank 1's one call succeeded";
     EXPECT_EQ(codes[0], 2) << "ncclSystemError at the bound";
-    EXPECT_GE(took[0], 0.25);
+    // Wide margins on the clock (CI has 2 busy cores): the wait lasted its bound, not forever,
+    // and the later call did not wait a bound again.
+    EXPECT_GE(took[0], 0.95);
     EXPECT_LT(took[0], 5.0);
     EXPECT_EQ(after[0], 2) << "a broken communicator fails every later call";
-    EXPECT_LT(took[1], 0.1) << "at once";
+    EXPECT_LT(took[1], 0.5) << "at once";
 }
 
 TEST(ShmNccl, CallsThatDoNotPairUpFail)
