@@ -118,9 +118,7 @@ driver_functions! {
     cuMemsetD8_v2(ptr: CUdeviceptr, value: u8, count: usize);
     cuMemsetD32_v2(ptr: CUdeviceptr, value: c_uint, count: usize);
     cuMemcpyHtoDAsync_v2(dst: CUdeviceptr, src: *const c_void, bytes: usize, stream: CUstream);
-    cuMemcpyDtoHAsync_v2(dst: *mut c_void, src: CUdeviceptr, bytes: usize, stream: CUstream);
-    cuMemAllocAsync(ptr: *mut CUdeviceptr, bytes: usize, stream: CUstream);
-    cuMemFreeAsync(ptr: CUdeviceptr, stream: CUstream);
+    cuMemcpyDtoH_v2(dst: *mut c_void, src: CUdeviceptr, bytes: usize);
     cuMemsetD8Async(ptr: CUdeviceptr, value: u8, count: usize, stream: CUstream);
     cuMemcpyDtoDAsync_v2(dst: CUdeviceptr, src: CUdeviceptr, bytes: usize, stream: CUstream);
     cuMemHostAlloc(ptr: *mut *mut c_void, bytes: usize, flags: c_uint);

@@ -189,23 +189,3 @@ pub(crate) fn write_word(ptr: DevicePtr, value: u32) -> Result<()> {
     // SAFETY: the caller's device word.
     unsafe { driver::cuMemsetD32_v2(ptr.0, value, 1) }
 }
-
-/// Host-to-device copy of setup-time scratch, in `stream`'s order: what the stream runs next
-/// (an NCCL collective) reads the copied bytes. (A synchronous `cuMemcpyHtoD` from pageable
-/// memory may return before its DMA lands, and a non-blocking stream does not wait for it: the
-/// collective read stale scratch, seen with the stand-in NCCL of tests/cpp/shm_nccl.cpp.) `src`
-/// is staged before this returns, so it may be dropped at once.
-pub(crate) fn copy_to_device(dst: DevicePtr, src: &[u8], stream: super::Stream) -> Result<()> {
-    // SAFETY: dst holds at least src.len() bytes (the caller's scratch); a stream of its context.
-    unsafe { driver::cuMemcpyHtoDAsync_v2(dst.0, src.as_ptr().cast(), src.len(), stream.0 as sys::CUstream) }
-}
-
-/// Device-to-host copy of setup-time scratch in `stream`'s order, then a wait for that stream
-/// alone (never for the context: see [`super::with_scratch_stream`]).
-pub(crate) fn copy_to_host(dst: &mut [u8], src: DevicePtr, stream: super::Stream) -> Result<()> {
-    let raw = stream.0 as sys::CUstream;
-    // SAFETY: src holds at least dst.len() bytes (the caller's scratch); `dst` outlives the wait below.
-    unsafe { driver::cuMemcpyDtoHAsync_v2(dst.as_mut_ptr().cast(), src.0, dst.len(), raw) }?;
-    // SAFETY: a stream of the current context.
-    unsafe { driver::cuStreamSynchronize(raw) }
-}

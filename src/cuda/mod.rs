@@ -8,10 +8,14 @@
 mod device;
 mod driver;
 mod memory;
+mod scratch;
 
 use device::device_handle;
 pub(crate) use device::*;
 pub(crate) use memory::*;
+pub(crate) use scratch::SetupScratch;
+#[cfg(test)]
+pub(crate) use scratch::SETUP_SCRATCH_BYTES;
 
 use crate::error::{Error, Result};
 use cudarc::driver::sys;
@@ -201,46 +205,6 @@ pub(crate) unsafe fn launch<P>(
     let mut args = [params as *const P as *mut std::ffi::c_void];
     // SAFETY: the caller's contract.
     unsafe { driver::cuLaunchKernelEx(&config, f.0, args.as_mut_ptr(), std::ptr::null_mut()) }
-}
-
-/// Setup-time collectives: `enqueue(stream, scratch)` on a private stream of the current context
-/// with `bytes` of zeroed device scratch, a wait for that stream, then `read(stream, scratch)`.
-/// Everything is ordered on that stream and only that stream is waited for, never the context:
-/// this runs after the peer self-test, whose kernel may never end if a peer's load hangs (broken
-/// ACS/IOMMU), and the rank must still take part in the gather that tells its peers. Hence the
-/// stream-ordered allocator (`cuMemAllocAsync`/`cuMemFreeAsync`): `cuMemAlloc`'s zeroing and
-/// `cuMemFree` wait for the whole device. A device without memory pools falls back to those.
-pub(crate) fn with_scratch_stream<T>(
-    bytes: usize,
-    enqueue: impl FnOnce(Stream, DevicePtr) -> Result<()>,
-    read: impl FnOnce(Stream, DevicePtr) -> Result<T>,
-) -> Result<T> {
-    driver()?;
-    let owned = OwnedStream::non_blocking()?;
-    let stream = Stream(owned.raw as usize);
-    let run = |scratch: DevicePtr| {
-        enqueue(stream, scratch)
-            // SAFETY: the stream is ours.
-            .and_then(|()| unsafe { driver::cuStreamSynchronize(owned.raw) })
-            .and_then(|()| read(stream, scratch))
-    };
-    let mut ptr: sys::CUdeviceptr = 0;
-    // SAFETY: a valid out-pointer and a stream of the current context.
-    match unsafe { driver::cuMemAllocAsync(&mut ptr, bytes, owned.raw) } {
-        Ok(()) => {
-            // SAFETY: the memset covers exactly the allocation, in the stream's order.
-            let outcome =
-                unsafe { driver::cuMemsetD8Async(ptr, 0, bytes, owned.raw) }.and_then(|()| run(DevicePtr(ptr)));
-            // SAFETY: freed in the stream's order, after everything that used it (the stream's
-            // work finishes before it is destroyed: cuStreamDestroy).
-            if let Err(e) = unsafe { driver::cuMemFreeAsync(ptr, owned.raw) } {
-                crate::log::warning(&format!("freeing setup scratch: {e}"));
-            }
-            outcome
-        }
-        // No stream-ordered allocator here: a buffer that waits for the device.
-        Err(_) => DeviceBuffer::zeroed(bytes).and_then(|scratch| run(scratch.ptr())),
-    }
 }
 
 /// A stream of the current context that does not synchronize with the legacy default stream

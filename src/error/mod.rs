@@ -126,8 +126,12 @@ pub enum Error {
     #[error("the CUDA driver has no {0}: a newer driver is needed for this call")]
     DriverLacks(&'static str),
 
-    #[error("ncclAllReduce failed with ncclResult_t {0}")]
-    Nccl(i32),
+    /// An NCCL function returned `code`, named as nccl.h names it when it does.
+    #[error("{function} failed with ncclResult_t {code}{}", nccl_result_name(*code).map(|n| format!(" ({n})")).unwrap_or_default())]
+    Nccl { function: &'static str, code: i32 },
+
+    #[error("a setup gather of {bytes} bytes does not fit the device's setup scratch of {capacity} bytes")]
+    SetupScratch { bytes: usize, capacity: usize },
 
     #[error(
         "{function} is served by Edge-LLM's own plugin library (the overlay's base), which cannot serve it: {why}"
@@ -174,6 +178,21 @@ pub(crate) fn guard<T>(context: &str, f: impl FnOnce() -> Result<T>) -> Result<T
 /// [`guard`] for an entry point that cannot report an error: `fallback` after a panic (logged).
 pub(crate) fn guard_or<T>(context: &str, fallback: T, f: impl FnOnce() -> T) -> T {
     guard(context, || Ok(f())).unwrap_or(fallback)
+}
+
+/// nccl.h's name of an `ncclResult_t`.
+fn nccl_result_name(code: i32) -> Option<&'static str> {
+    const NAMES: [&str; 8] = [
+        "ncclSuccess",
+        "ncclUnhandledCudaError",
+        "ncclSystemError",
+        "ncclInternalError",
+        "ncclInvalidArgument",
+        "ncclInvalidUsage",
+        "ncclRemoteError",
+        "ncclInProgress",
+    ];
+    usize::try_from(code).ok().and_then(|i| NAMES.get(i).copied())
 }
 
 #[cfg(test)]

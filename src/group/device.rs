@@ -6,6 +6,7 @@
 //! | `kernels`: the embedded kernels, loaded | first need, at setup (configure, group formation) | never: modules live as long as the process |
 //! | `registration`: the runtime's communicator and `ncclAllReduce` | `edgellmAllReduceRegisterNcclComm` (replaces) | unregistration |
 //! | `slot`: its group and rank, or the fault that failed it | group formation ([`install`]) | release, unregistration ([`forget`]); a fault turns it into `Failed` ([`fail`]) |
+//! | `setup`: memory and a stream for the exchange's gathers (`crate::cuda::SetupScratch`) | its first exchange ([`setup_scratch`]) | never: an NCCL may still touch them |
 //!
 //! Beside the record, for reasons of their own: the primary context is retained by `crate::cuda`
 //! (the driver's handle of an ordinal, needed below this room); the fault word is one slot of a
@@ -24,6 +25,7 @@
 
 use super::fault::{self, Fault};
 use super::Group;
+use crate::cuda::{self, SetupScratch};
 use crate::error::{Error, Result};
 use crate::launch::kernels::DeviceKernels;
 pub(crate) use crate::nccl::{Comm, Registration};
@@ -49,6 +51,7 @@ struct Device {
     kernels: Option<Arc<DeviceKernels>>,
     registration: Option<Registration>,
     slot: Option<Slot>,
+    setup: Option<Arc<SetupScratch>>,
 }
 
 /// Every device this process touched, by ordinal.
@@ -88,6 +91,22 @@ pub fn kernels(device: i32) -> Result<Arc<DeviceKernels>> {
     let k = Arc::new(DeviceKernels::load(device)?);
     with(device, |d| d.kernels = Some(k.clone()));
     Ok(k)
+}
+
+/// The setup scratch of `device`, made in its primary context at its first exchange and kept
+/// for the life of the process (one at a time, outside the table's lock, as [`kernels`]).
+pub(crate) fn setup_scratch(device: i32) -> Result<Arc<SetupScratch>> {
+    static MAKING: Mutex<()> = Mutex::new(());
+    if let Some(Some(s)) = read(device, |d| d.setup.clone()) {
+        return Ok(s);
+    }
+    let _one = MAKING.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(Some(s)) = read(device, |d| d.setup.clone()) {
+        return Ok(s);
+    }
+    let made = Arc::new(cuda::with_device(device, SetupScratch::new)?);
+    with(device, |d| d.setup = Some(made.clone()));
+    Ok(made)
 }
 
 // Registrations.

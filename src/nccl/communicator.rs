@@ -34,9 +34,15 @@ pub(crate) fn describe(registration: &Registration) -> Option<CommInfo> {
 }
 
 /// `ncclAllGather` of `mine` (the same length on every rank) over the registered communicator,
-/// through its own NCCL library. A collective: every rank must call it, and it blocks until all
-/// have (setup time only). The current context must be the rank's device.
-pub(crate) fn all_gather(registration: &Registration, nranks: i32, mine: &[u8]) -> Result<Vec<u8>> {
+/// through its own NCCL library, in `scratch` (the device's: `crate::cuda::SetupScratch`). A
+/// collective: every rank must call it, and it blocks until all have (setup time only). The
+/// current context must be the rank's device.
+pub(crate) fn all_gather(
+    registration: &Registration,
+    nranks: i32,
+    mine: &[u8],
+    scratch: &cuda::SetupScratch,
+) -> Result<Vec<u8>> {
     type AllGather = unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, *mut c_void, *mut c_void) -> c_int;
     const NCCL_UINT8: c_int = 1;
     let lib = crate::loader::library_of(registration.all_reduce).ok_or(Error::NotNccl)?;
@@ -44,31 +50,14 @@ pub(crate) fn all_gather(registration: &Registration, nranks: i32, mine: &[u8]) 
     let all_gather =
         unsafe { lib.get::<AllGather>(b"ncclAllGather\0") }.map_err(|_| Error::NcclSymbol("ncclAllGather"))?;
     let n = mine.len();
-    let total = n * nranks as usize;
-    cuda::with_scratch_stream(
-        n + total,
-        |stream, scratch| {
-            cuda::copy_to_device(scratch, mine, stream)?;
-            // SAFETY: send holds n bytes, recv n * nranks, on this device; the communicator is live.
-            let code = unsafe {
-                all_gather(
-                    scratch.as_const(),
-                    scratch.offset(n as u64).as_mut(),
-                    n,
-                    NCCL_UINT8,
-                    registration.comm.raw(),
-                    stream.0 as *mut c_void,
-                )
-            };
-            if code != 0 {
-                return Err(Error::Nccl(code));
-            }
-            Ok(())
-        },
-        |stream, scratch| {
-            let mut everyone = vec![0u8; total];
-            cuda::copy_to_host(&mut everyone, scratch.offset(n as u64), stream)?;
-            Ok(everyone)
-        },
-    )
+    scratch.gather(mine, n * nranks.max(0) as usize, |stream, send, recv| {
+        // SAFETY: send holds n bytes, recv n * nranks, on this device; the communicator is live.
+        let code = unsafe {
+            all_gather(send.as_const(), recv.as_mut(), n, NCCL_UINT8, registration.comm.raw(), stream.0 as *mut c_void)
+        };
+        match code {
+            0 => Ok(()),
+            code => Err(Error::Nccl { function: "ncclAllGather", code }),
+        }
+    })
 }

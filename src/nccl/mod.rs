@@ -72,7 +72,7 @@ pub(crate) unsafe fn all_reduce(
         )
     };
     if code != 0 {
-        return Err(Error::Nccl(code));
+        return Err(Error::Nccl { function: "ncclAllReduce", code });
     }
     Ok(())
 }
@@ -117,6 +117,7 @@ mod tests {
         assert_eq!(CALLS.lock().unwrap().last().copied(), Some((0x10, 0x20, 4096, 9, 0, 0xc0, 0x30)));
         // SAFETY: as above.
         let err = unsafe { all_reduce(r, a, b, 13, DataType::Half, s) }.unwrap_err();
-        assert!(matches!(err, Error::Nccl(5)));
+        assert!(matches!(err, Error::Nccl { function: "ncclAllReduce", code: 5 }));
+        assert_eq!(err.to_string(), "ncclAllReduce failed with ncclResult_t 5 (ncclInvalidUsage)");
     }
 }

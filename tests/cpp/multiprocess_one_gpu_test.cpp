@@ -14,6 +14,14 @@
 //                         with different tuning files (EDGELLM_TEST_TUNING_A/_B, made on the GPU
 //                         machine by tools/gpu/contract_check.sh) use NCCL with the line naming
 //                         them. A child that hangs is killed at a bound and fails the test.
+//                         The children use the CUDA runtime before and after registering, and
+//                         check that their context still works after the library's setup.
+//   MultiProcessOneGpu.ARuntimeNccl*, AGatherThatFails*  issue 39: the same through
+//                         libedgellm_shm_nccl_runtime.so (the stand-in on a CUDA runtime of its
+//                         own: cudaStreamSynchronize, synchronous cudaMemcpy), healthy, with the
+//                         self-test off, with a rank opting out, with a self-test fault; and a
+//                         gather that fails on one rank (EDGELLM_TEST_SHM_NCCL_FAIL_CALL), which
+//                         must still send every rank to NCCL without a wait.
 // Without a GPU the MultiProcessOneGpu tests skip.
 
 #include "gpu.h"
@@ -53,6 +61,10 @@ constexpr int kFloat16 = 6;
 constexpr int kFloat32 = 7;
 constexpr int kBfloat16 = 9;
 
+//! Which build of the stand-in a child uses (EDGELLM_TEST_MP1_NCCL): "runtime" for
+//! libedgellm_shm_nccl_runtime.so (its own CUDA runtime), else libedgellm_shm_nccl.so (the driver).
+constexpr char const* kNcclVar = "EDGELLM_TEST_MP1_NCCL";
+
 //! The stand-in NCCL beside this binary (tools/gpu/stage_contract.sh copies it there too),
 //! opened RTLD_LOCAL: its NCCL names interpose on nothing.
 struct ShmNccl
@@ -67,7 +79,10 @@ struct ShmNccl
     {
         std::string exe(4096, '\0');
         exe.resize(static_cast<size_t>(std::max<ssize_t>(0, readlink("/proc/self/exe", exe.data(), exe.size()))));
-        std::string const path = exe.substr(0, exe.rfind('/') + 1) + "libedgellm_shm_nccl.so";
+        char const* build = std::getenv(kNcclVar);
+        std::string const name = build != nullptr && std::string(build) == "runtime" ? "libedgellm_shm_nccl_runtime.so"
+                                                                                      : "libedgellm_shm_nccl.so";
+        std::string const path = exe.substr(0, exe.rfind('/') + 1) + name;
         lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
         if (lib == nullptr)
         {
@@ -377,18 +392,24 @@ constexpr char const* kAbsentVar = "EDGELLM_TEST_MP1_ABSENT";   //!< '|'-separat
 constexpr char const* kFaultVar = "EDGELLM_ALLREDUCE_TEST_SELFTEST_FAULT";
 
 //! How long a child may take to register (the exchange, the self-test, its verdicts): a fault
-//! costs at most the self-test's bound plus the host's grace (about 1 s), never a hang.
-constexpr double kSetupBoundSeconds = 5;
+//! costs at most the self-test's bound plus the host's grace (about 1 s), never a hang. Under a
+//! sanitizer (which slows the CUDA calls of every process) EDGELLM_TEST_MP1_SETUP_BOUND_S
+//! raises it.
+double setupBoundSeconds()
+{
+    char const* bound = std::getenv("EDGELLM_TEST_MP1_SETUP_BOUND_S");
+    return bound != nullptr && std::atof(bound) > 0 ? std::atof(bound) : 5.0;
+}
 //! How long the parent waits for all the children of a group before it kills them.
 constexpr int kChildrenBoundSeconds = 60;
 
-std::vector<std::string> split(char const* text)
+std::vector<std::string> split(char const* text, char separator = '|')
 {
     std::vector<std::string> out;
     std::string s = text != nullptr ? text : "";
     for (size_t start = 0; !s.empty() && start <= s.size();)
     {
-        size_t const end = std::min(s.find('|', start), s.size());
+        size_t const end = std::min(s.find(separator, start), s.size());
         if (end > start)
         {
             out.push_back(s.substr(start, end - start));
@@ -396,6 +417,41 @@ std::vector<std::string> split(char const* text)
         start = end + 1;
     }
     return out;
+}
+
+//! "" when the process's CUDA context still works through the runtime (it allocates, writes
+//! and reads a new buffer and `kept`, an allocation made before the library's setup), else what
+//! failed: no setup step may leave the application's context broken (issue 39).
+std::string deviceStillWorks(void* kept, size_t keptBytes)
+{
+    size_t const bytes = 1 << 20;
+    void* fresh = nullptr;
+    std::vector<uint8_t> back(bytes);
+    auto failed = [](char const* what, cudaError_t e) {
+        return std::string("after setup the application's ") + what + " failed: " + cudaGetErrorName(e) + "; ";
+    };
+    if (cudaError_t e = cudaMalloc(&fresh, bytes); e != cudaSuccess)
+    {
+        return failed("cudaMalloc", e);
+    }
+    std::string problem;
+    for (auto [buffer, size] : {std::pair<void*, size_t>{fresh, bytes}, {kept, keptBytes}})
+    {
+        cudaError_t e = cudaMemset(buffer, 0x5a, size);
+        e = e != cudaSuccess ? e : cudaMemcpy(back.data(), buffer, size, cudaMemcpyDeviceToHost);
+        if (e != cudaSuccess)
+        {
+            problem = failed("cudaMemset/cudaMemcpy", e);
+            break;
+        }
+        if (std::any_of(back.begin(), back.begin() + static_cast<std::ptrdiff_t>(size), [](uint8_t b) { return b != 0x5a; }))
+        {
+            problem = "after setup the application's buffer did not read back what it wrote; ";
+            break;
+        }
+    }
+    cudaFree(fresh);
+    return problem;
 }
 
 //! One rank's process: registers its shm communicator with the library (the exchange runs
@@ -407,7 +463,13 @@ std::string childRank(int rank, int nranks, std::string const& path, bool expect
     {
         return "the stand-in NCCL: " + shm().error;
     }
-    if (cudaSetDevice(0) != cudaSuccess || cudaFree(nullptr) != cudaSuccess)
+    // As an inference runtime does: the CUDA runtime asks how much memory is free and allocates
+    // before the communicator is registered, and uses the device after it (deviceStillWorks).
+    size_t freeBytes = 0, totalBytes = 0;
+    size_t const appBytes = 1 << 20;
+    void* appBuffer = nullptr;
+    if (cudaSetDevice(0) != cudaSuccess || cudaMemGetInfo(&freeBytes, &totalBytes) != cudaSuccess
+        || cudaMalloc(&appBuffer, appBytes) != cudaSuccess)
     {
         return "no CUDA context on device 0";
     }
@@ -435,7 +497,7 @@ std::string childRank(int rank, int nranks, std::string const& path, bool expect
         problems += "edgellmAllReduceCustomRanks(0) is " + std::to_string(custom) + ", expected "
             + std::to_string(expectGroup ? nranks : 0) + "; ";
     }
-    if (took > kSetupBoundSeconds)
+    if (took > setupBoundSeconds())
     {
         problems += "registration took " + std::to_string(took) + " s; ";
     }
@@ -452,6 +514,16 @@ std::string childRank(int rank, int nranks, std::string const& path, bool expect
         {
             problems += "a log line holds '" + line + "'; ";
         }
+    }
+    std::string const device = deviceStillWorks(appBuffer, appBytes);
+    if (!device.empty())
+    {
+        // No sums: every call would fail, and the peers end theirs at the stand-in's bound.
+        for (std::string const& m : testlib::logger().messages())
+        {
+            std::printf("rank %d log: %s\n", rank, m.c_str());
+        }
+        return problems + device;
     }
 
     // The sums, through the custom kernels or NCCL (the stand-in): exact either way.
@@ -511,6 +583,7 @@ std::string childRank(int rank, int nranks, std::string const& path, bool expect
         }
     }
     cudaStreamDestroy(stream);
+    cudaFree(appBuffer);
     if (!unreg(0, &comm) || customRanks(0) != 0)
     {
         problems += "unregistering did not release the group; ";
@@ -538,6 +611,19 @@ struct GroupCase
     std::string selftestMs;          //!< EDGELLM_ALLREDUCE_SELFTEST_MS ("" unset: the default bound)
 };
 
+//! Which stand-in the ranks use, and more environment per rank.
+struct Variant
+{
+    std::string nccl;                 //!< the stand-in's build: "" (the driver) or "runtime"
+    std::vector<std::string> rankEnv; //!< per rank, "NAME=VALUE" pairs, ';'-separated (missing: none)
+
+    Variant(std::string build = "", std::vector<std::string> env = {})
+        : nccl(std::move(build))
+        , rankEnv(std::move(env))
+    {
+    }
+};
+
 std::string joined(std::vector<std::string> const& v)
 {
     std::string out;
@@ -548,13 +634,14 @@ std::string joined(std::vector<std::string> const& v)
     return out;
 }
 
-void runGroup(GroupCase const& g, std::string const& name)
+void runGroup(GroupCase const& g, std::string const& name, Variant const& v = {})
 {
     std::string const path = shmPath(name);
     std::vector<pid_t> children;
     for (int r = 0; r < g.nranks; ++r)
     {
         std::string const tuning = static_cast<size_t>(r) < g.tuning.size() ? g.tuning[static_cast<size_t>(r)] : "";
+        std::string const env = static_cast<size_t>(r) < v.rankEnv.size() ? v.rankEnv[static_cast<size_t>(r)] : "";
         pid_t const pid = fork();
         ASSERT_GE(pid, 0);
         if (pid == 0)
@@ -576,6 +663,13 @@ void runGroup(GroupCase const& g, std::string const& name)
             g.selftestMs.empty() ? unsetenv("EDGELLM_ALLREDUCE_SELFTEST_MS")
                                  : setenv("EDGELLM_ALLREDUCE_SELFTEST_MS", g.selftestMs.c_str(), 1);
             tuning.empty() ? unsetenv("EDGELLM_ALLREDUCE_TUNING") : setenv("EDGELLM_ALLREDUCE_TUNING", tuning.c_str(), 1);
+            v.nccl.empty() ? unsetenv(kNcclVar) : setenv(kNcclVar, v.nccl.c_str(), 1);
+            unsetenv("EDGELLM_TEST_SHM_NCCL_FAIL_CALL");
+            for (std::string const& pair : split(env.c_str(), ';'))
+            {
+                size_t const eq = pair.find('=');
+                setenv(pair.substr(0, eq).c_str(), eq == std::string::npos ? "" : pair.substr(eq + 1).c_str(), 1);
+            }
             execl("/proc/self/exe", "child", "--gtest_filter=MultiProcessOneGpu.Child", static_cast<char*>(nullptr));
             _exit(127);
         }
@@ -686,8 +780,9 @@ TEST(MultiProcessOneGpu, AKernelStillRunningNeverHoldsUpTheVerdictsGather)
     REQUIRE_PARENT_AND_GPU();
     // What a peer load that never returns looks like to the host: rank 1's kernel waits for a
     // token rank 0 never writes, for its 8 s bound, while its host gives up after 50 ms. Rank 1
-    // must still take part in the verdicts' gather at once (its scratch is stream-ordered: a
-    // wait for the whole device would hold every rank for 8 s, past kSetupBoundSeconds), and
+    // must still take part in the verdicts' gather at once (the setup scratch waits for its own
+    // stream and copies on the legacy stream, which a non-blocking stream's kernel does not hold
+    // up: a wait for the whole device would hold every rank for 8 s, past the setup bound), and
     // every rank uses NCCL; the group's memory is leaked, never freed under the kernel.
     runGroup(GroupCase{2, false, {"the peer self-test failed: rank 1's self-test kernel", "did not finish", "the NCCL path only"},
                  {"workspaces exchanged through NCCL"}, "drop:0>1,host-wait:50", {}, "8000"},
@@ -716,4 +811,67 @@ TEST(MultiProcessOneGpu, DifferentTuningFilesMakeEveryRankUseNccl)
     std::vector<std::string> ready = loaded;
     ready.insert(ready.end(), kReady.begin(), kReady.end());
     runGroup(GroupCase{2, true, ready, absent, "", {a, a}, ""}, "tuningAA");
+}
+
+// --- Issue 39: an NCCL built on its own CUDA runtime, in applications that use the runtime --------
+// The stand-in of libedgellm_shm_nccl_runtime.so waits for the library's stream with
+// cudaStreamSynchronize and copies with synchronous cudaMemcpy on the legacy default stream (from
+// pageable memory: it may return before its DMA lands). The children use the runtime before and
+// after registering (cudaMemGetInfo, cudaMalloc; deviceStillWorks). At 6d35dd5 a rank's context
+// died at the first setup gather (CUDA_ERROR_LAUNCH_FAILED) and its peer waited for a gather that
+// never came; every case here must end with both ranks registered, correct sums and a working
+// context.
+
+TEST(MultiProcessOneGpu, ARuntimeNcclFormsTheGroup)
+{
+    REQUIRE_PARENT_AND_GPU();
+    runGroup(GroupCase{2, true, kReady, kNoFault, "", {}, ""}, "runtime2", {"runtime"});
+    runGroup(GroupCase{4, true, kReady, kNoFault, "", {}, ""}, "runtime4", {"runtime"});
+}
+
+TEST(MultiProcessOneGpu, ARuntimeNcclFormsTheGroupWithTheSelfTestOff)
+{
+    REQUIRE_PARENT_AND_GPU();
+    runGroup(GroupCase{2, true, kReady, kNoFault, "", {}, "0"}, "runtime2_noselftest", {"runtime"});
+}
+
+TEST(MultiProcessOneGpu, ARuntimeNcclWithARankThatOptsOutUsesNcclEverywhere)
+{
+    REQUIRE_PARENT_AND_GPU();
+    // Rank 1 has the custom kernels off (EDGELLM_ALLREDUCE_STRATEGY=NCCL): it takes part in the
+    // exchange without a workspace, and every rank uses NCCL.
+    std::vector<std::string> const absent = {"workspaces exchanged through NCCL", "failed with"};
+    Variant const optOut{"runtime", {"", "EDGELLM_ALLREDUCE_STRATEGY=NCCL"}};
+    runGroup(GroupCase{2, false, {}, absent, "", {}, ""}, "runtime2_optout", optOut);
+    runGroup(GroupCase{2, false, {}, absent, "", {}, "0"}, "runtime2_optout_noselftest", optOut);
+}
+
+TEST(MultiProcessOneGpu, ARuntimeNcclWithASelfTestFaultUsesNcclEverywhere)
+{
+    REQUIRE_PARENT_AND_GPU();
+    runGroup(GroupCase{2, false, {"the peer self-test failed: rank 0 -> rank 1", "(write lost)", "the NCCL path only"},
+                 {"workspaces exchanged through NCCL"}, "drop:0>1", {}, ""},
+        "runtime2_drop", {"runtime"});
+}
+
+TEST(MultiProcessOneGpu, AGatherThatFailsOnOneRankSendsEveryRankToNcclAndTheContextWorks)
+{
+    REQUIRE_PARENT_AND_GPU();
+    // The stand-in's call K fails on rank 1 after every rank's data went through (an NCCL whose
+    // local part failed). Rank 1 still makes every later gather, so rank 0 never waits for one;
+    // both use NCCL (the sums run through it), each says why, and both contexts work
+    // (deviceStillWorks). Each rank's own lines: EDGELLM_TEST_MP1_LINES in its environment.
+    std::vector<std::string> const absent = {"workspaces exchanged through NCCL", "ncclAllReduce failed"};
+    std::string const failed = "ncclAllGather failed with ncclResult_t 2 (ncclSystemError)|the NCCL path only";
+    for (auto [call, seen] : {std::pair<char const*, char const*>{"0", "rank 1's first gather failed there"},
+             {"1", "rank 1 stopped before the peer self-test"}})
+    {
+        for (char const* build : {"", "runtime"})
+        {
+            std::string const name = std::string("gatherfails") + call + (*build != '\0' ? "_runtime" : "");
+            std::vector<std::string> const env = {std::string("EDGELLM_TEST_MP1_LINES=") + seen + "|the NCCL path only",
+                std::string("EDGELLM_TEST_SHM_NCCL_FAIL_CALL=") + call + ";EDGELLM_TEST_MP1_LINES=" + failed};
+            runGroup(GroupCase{2, false, {}, absent, "", {}, ""}, name, {build, env});
+        }
+    }
 }

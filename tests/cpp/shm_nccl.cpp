@@ -3,10 +3,20 @@
 // its NCCL fallback run through it. A communicator is an EdgellmShmComm (shm_nccl.h) that the
 // test fills. It exports NCCL's queries (ncclCommCount, ncclCommUserRank, ncclCommCuDevice) and
 // two collectives with NCCL's C signatures: ncclAllGather (any type) and ncclAllReduce (ncclSum
-// of fp32, fp16 and bf16). Nothing links against CUDA (it builds on a machine without one): the
-// driver's cuMemcpyAsync and cuStreamSynchronize are looked up in the libcuda.so.1 the process
-// has already loaded; in a process without it (the CPU tests) buffers are host memory, copied
-// with memcpy.
+// of fp32, fp16 and bf16). Two builds of this file:
+//   libedgellm_shm_nccl.so          links no CUDA (it builds on a machine without one): the
+//                                   driver's cuMemcpyAsync and cuStreamSynchronize, looked up in
+//                                   the libcuda.so.1 the process has already loaded, copy in the
+//                                   stream's order; in a process without it (the CPU tests)
+//                                   buffers are host memory, copied with memcpy.
+//   libedgellm_shm_nccl_runtime.so  (EDGELLM_SHM_NCCL_RUNTIME) reaches the GPU through a CUDA
+//                                   runtime of its own, linked statically as NCCL links its own:
+//                                   cudaStreamSynchronize(stream), then a synchronous cudaMemcpy
+//                                   (the legacy default stream, NOT the stream it was given) in
+//                                   and out, as the stand-in of issue 39 did. Real NCCLs and
+//                                   applications mix runtime and driver calls on the streams and
+//                                   buffers the library hands them; the library's setup must be
+//                                   safe for this one too.
 //
 // Protocol. Every rank maps the same file (EdgellmShmComm::path) MAP_SHARED: a header (the rank
 // count and slot size, which the first rank sets and the others must match; per rank, how many
@@ -26,6 +36,11 @@
 
 #include "shm_nccl.h"
 
+#ifdef EDGELLM_SHM_NCCL_RUNTIME
+#include <cuda_runtime_api.h>
+#endif
+
+#include <cstdio>
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <sched.h>
@@ -36,6 +51,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <thread>
@@ -69,6 +85,28 @@ struct Header
 };
 static_assert(sizeof(Header) <= kDataOffset, "the header fits before the slots");
 
+#ifdef EDGELLM_SHM_NCCL_RUNTIME
+// --- The CUDA runtime, this library's own ------------------------------------------------------
+//! Waits for `stream`, then copies synchronously through the runtime's legacy default stream;
+//! a failure is printed with the runtime's name for it (the test's output shows it).
+bool copy(void* dst, void const* src, size_t bytes, void* stream)
+{
+    cudaError_t e = cudaStreamSynchronize(static_cast<cudaStream_t>(stream));
+    char const* call = "cudaStreamSynchronize";
+    if (e == cudaSuccess && bytes != 0)
+    {
+        e = cudaMemcpy(dst, src, bytes, cudaMemcpyDefault);
+        call = "cudaMemcpy";
+    }
+    if (e != cudaSuccess)
+    {
+        std::fprintf(stderr, "shm-nccl (runtime), pid %d: %s failed: %s (%d)\n", static_cast<int>(getpid()), call,
+            cudaGetErrorName(e), static_cast<int>(e));
+        return false;
+    }
+    return true;
+}
+#else
 // --- The CUDA driver, from the process's own libcuda ---------------------------------------------
 using CuMemcpyAsync = int (*)(unsigned long long, unsigned long long, size_t, void*);
 using CuStreamSynchronize = int (*)(void*);
@@ -118,6 +156,7 @@ bool copy(void* dst, void const* src, size_t bytes, void* stream)
     }
     return d.streamSynchronize(stream) == 0;
 }
+#endif
 
 // --- Element types -----------------------------------------------------------------------------
 size_t typeSize(int dtype)
@@ -400,7 +439,15 @@ int collective(void* comm, uint64_t kind, void const* send, void* recv, size_t c
             store(out.data() + i, dtype, sum);
         }
     }
-    return copy(recv, out.data(), out.size(), stream) ? kSuccess : fail(kSystemError);
+    if (!copy(recv, out.data(), out.size(), stream))
+    {
+        return fail(kSystemError);
+    }
+    // The test hook: this rank's call K (EDGELLM_TEST_SHM_NCCL_FAIL_CALL) completes on every rank
+    // but reports ncclSystemError here, as an NCCL whose local part failed; later calls work.
+    char const* failCall = std::getenv("EDGELLM_TEST_SHM_NCCL_FAIL_CALL");
+    return failCall != nullptr && *failCall != '\0' && std::strtoull(failCall, nullptr, 10) == call ? kSystemError
+                                                                                                    : kSuccess;
 }
 } // namespace
 

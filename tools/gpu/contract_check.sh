@@ -17,6 +17,8 @@
 #   racecheck             compute-sanitizer on sim_faults --one-launch: the waits' looks race-free
 #   memcheck, racecheck   also on the self-test's sanitizer test (rust_gpu_selftest)
 #   rust tuning file      a group uses the tuning file its process loaded (tests/gpu_tuning.rs)
+#   memcheck              also on the multi-process setup through the runtime NCCL (issue 39),
+#                         every rank process
 #   gtest MultiProcessOneGpu.*  the multi-process path (IPC exchange, self-test verdicts gathered,
 #                         NCCL fallback) with 2 and 4 rank processes on this one GPU, through the
 #                         shared-memory stand-in NCCL (tests/cpp/shm_nccl.cpp): healthy groups; a
@@ -40,7 +42,8 @@ step() { # name, log, command...: runs it with its output in log, prints its ver
   if "$@" >"$OUT/$log" 2>&1; then echo "PASS $name"; else echo "FAIL $name (rc=$?, $OUT/$log)"; status=1; fi
   grep -E "^(PASS|FAIL) |passed|test result|HANG|panicked|ERROR SUMMARY|\[  (PASSED|FAILED) " "$OUT/$log" | grep -v "^PASS " | tail -4 | sed 's/^/    /'
 }
-for f in libNvInfer_edgellm_plugin.so.1 edgellm_plugin_tests_trt10 libedgellm_fake_nccl.so libedgellm_shm_nccl.so rust_gpu_contract \
+for f in libNvInfer_edgellm_plugin.so.1 edgellm_plugin_tests_trt10 libedgellm_fake_nccl.so libedgellm_shm_nccl.so \
+         libedgellm_shm_nccl_runtime.so rust_gpu_contract \
          rust_gpu_simulated_ranks rust_gpu_selftest rust_gpu_tuning sim_faults sim_ranks sim_fused; do
   [ -e "$dir/$f" ] || { echo "FAIL missing $dir/$f: run tools/gpu/stage_contract.sh first"; exit 2; }
 done
@@ -92,6 +95,12 @@ if [ -n "$san" ]; then
     "$dir/rust_gpu_contract" --ignored --exact a_replay_after_the_release_touches_only_live_memory --nocapture
   step "memcheck: sim_faults --one-launch" memcheck_sim_faults.log timeout 300 "$san" --tool memcheck --error-exitcode 9 \
     "$dir/sim_faults" --one-launch --timeout 120
+  # Issue 39: the setup gathers through an NCCL on its own CUDA runtime, in every rank process
+  # (a registration under the sanitizer takes seconds: the bound is raised).
+  step "memcheck: multi-process setup through a runtime NCCL (every rank process)" memcheck_runtime_nccl.log \
+    env EDGELLM_TEST_MP1_SETUP_BOUND_S=40 EDGELLM_PLUGIN_PATH="$dir/libNvInfer_edgellm_plugin.so.1" \
+    timeout 400 "$san" --tool memcheck --target-processes all --error-exitcode 9 "$dir/edgellm_plugin_tests_trt10" \
+    --gtest_filter='MultiProcessOneGpu.ARuntimeNccl*:MultiProcessOneGpu.AGatherThatFails*'
   # The looks of the bounded waits run here (skipped ranks wait past many looks): their shared
   # words must show no race.
   step "racecheck: sim_faults --one-launch" racecheck_sim_faults.log timeout 300 "$san" --tool racecheck --error-exitcode 9 \

@@ -18,7 +18,8 @@ rm -rf "$dest"
 mkdir -p "$dest/trt10"
 archs=$(grep -oP '^EDGELLM_CUDA_ARCHS:STRING=\K.*' "$root/build/CMakeCache.txt")
 cp -L "$root/build/libNvInfer_edgellm_plugin.so.1" "$root/build/tests/edgellm_plugin_tests_trt10" \
-  "$root/build/tests/libedgellm_fake_nccl.so" "$root/build/tests/libedgellm_shm_nccl.so" "$dest/"
+  "$root/build/tests/libedgellm_fake_nccl.so" "$root/build/tests/libedgellm_shm_nccl.so" \
+  "$root/build/tests/libedgellm_shm_nccl_runtime.so" "$dest/"
 cp -L "$root/build/tests/trt10/libnvinfer.so.10" "$dest/trt10/"
 list=$(cd "$root" && EDGELLM_CUDA_ARCHS=${archs//;/,} cargo test --release --no-run --test gpu_contract --test gpu_simulated_ranks --test gpu_selftest --test gpu_tuning 2>&1)
 for test in gpu_contract gpu_simulated_ranks gpu_selftest gpu_tuning; do

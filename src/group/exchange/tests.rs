@@ -95,3 +95,23 @@ fn the_local_settings_name_every_knob_that_changes_the_path() {
     assert_eq!(Settings { strategy: 5, ..s }.strategy_name(), "AUTO");
     assert_eq!(Settings { strategy: 0, ..s }.strategy_name(), "unset");
 }
+
+#[test]
+fn every_gather_fits_the_setup_scratch() {
+    use crate::contract::EAR_MAX_RANKS;
+    use crate::cuda::SETUP_SCRATCH_BYTES;
+    for item in [RECORD_BYTES, 2, VERDICT_BYTES + 1] {
+        assert!(item * (1 + EAR_MAX_RANKS) <= SETUP_SCRATCH_BYTES, "{item}-byte items of {EAR_MAX_RANKS} ranks");
+    }
+}
+
+#[test]
+fn a_rank_that_is_not_ready_is_named_with_its_reason() {
+    assert_eq!(Standing::describe(Standing::GatherFailed as u8, 1), "rank 1's first gather failed there");
+    assert_eq!(Standing::describe(Standing::MappingFailed as u8, 3), "rank 3 could not map every workspace");
+    assert!(Standing::describe(Standing::Refused as u8, 2).starts_with("rank 2 refused the group"));
+    assert_eq!(Standing::describe(0, 0), "rank 0 sent an unknown standing 0", "a zeroed entry is never ready");
+    for s in [Standing::Ready, Standing::Refused, Standing::GatherFailed, Standing::MappingFailed] {
+        assert_eq!(Standing::from_code(s as u8), Some(s));
+    }
+}
