@@ -1,10 +1,14 @@
 //! Builds what the Rust core links or embeds:
 //!   1. every `kernels/*.cu` with nvcc into a fatbin embedded in the library (`$OUT_DIR/kernels.rs`);
-//!   2. the C ABI header `include/edgellm_allreduce.h` with cbindgen (rewritten only when it changes);
+//!   2. the C ABI header `include/edgellm_allreduce.h` with cbindgen;
 //!   3. the C++ TensorRT adapter (`cpp/*.cpp`) and the cxx bridge, as a whole archive.
 //!
-//! Before them, `kernels/ear_contract.h` (the kernels' constants and parameter blocks) is written
+//! Before them, `kernels/ear_contract.h` (the kernels' constants and parameter blocks) is generated
 //! by cbindgen from `src/contract.rs`, so Rust and CUDA read one definition.
+//!
+//! Generated headers go to `$OUT_DIR`; the committed copies in the tree (the kernel simulations
+//! and users read them without cargo) are checked against them by unit tests, and rewritten only
+//! when `EDGELLM_WRITE_GENERATED=1` asks for it: a build never edits the source tree.
 //!
 //! Toolchain: `CUDA_HOME` (nvcc and CUDA headers) and `EDGELLM_TRT_INCLUDE` (TensorRT headers) or
 //! `TRT_ROOT`; when they are unset, what `eval "$(tools/setup.sh)"` installed (CUDA 13.0 from
@@ -29,6 +33,7 @@ fn main() {
     let root = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
     let out = PathBuf::from(env::var("OUT_DIR").unwrap());
     for var in [
+        "EDGELLM_WRITE_GENERATED",
         "CUDA_HOME",
         "EDGELLM_TRT_INCLUDE",
         "TRT_ROOT",
@@ -40,9 +45,9 @@ fn main() {
     }
     let toolchain = Toolchain::find();
 
-    write_kernel_contract(&root);
+    write_kernel_contract(&root, &out);
     compile_kernels(&root, &out, &toolchain);
-    write_c_header(&root);
+    write_c_header(&root, &out);
     // The host half of the kernel contract (workspace layout, launch rule) from its own header.
     cc::Build::new().file(root.join("kernels/layout.c")).include(root.join("kernels")).compile("edgellm_kernel_layout");
     println!("cargo:rerun-if-changed=kernels/layout.c");
@@ -306,15 +311,15 @@ fn prune(dir: &Path, keep: usize) {
     }
 }
 
-/// cbindgen → include/edgellm_allreduce.h, written only when its text changes (it is committed).
-fn write_c_header(root: &Path) {
+/// cbindgen → `$OUT_DIR/edgellm_allreduce.h` (committed as include/edgellm_allreduce.h).
+fn write_c_header(root: &Path, out: &Path) {
     let config = cbindgen::Config::from_file(root.join("cbindgen.toml")).expect("cbindgen.toml");
-    generate(config, &root.join("src/api/abi.rs"), &root.join("include/edgellm_allreduce.h"));
+    generate(config, &root.join("src/api/abi.rs"), out, &root.join("include/edgellm_allreduce.h"));
 }
 
-/// cbindgen → kernels/ear_contract.h from src/contract.rs (committed; the kernel simulations
-/// compile the kernels without cargo).
-fn write_kernel_contract(root: &Path) {
+/// cbindgen → `$OUT_DIR/ear_contract.h` from src/contract.rs (committed as kernels/ear_contract.h:
+/// the kernel simulations compile the kernels without cargo).
+fn write_kernel_contract(root: &Path, out: &Path) {
     println!("cargo:rerun-if-changed=src/contract.rs");
     let mut config = cbindgen::Config {
         language: cbindgen::Language::C,
@@ -336,19 +341,26 @@ fn write_kernel_contract(root: &Path) {
             .map(String::from)
             .to_vec();
     config.parse.parse_deps = false;
-    generate(config, &root.join("src/contract.rs"), &root.join("kernels/ear_contract.h"));
+    generate(config, &root.join("src/contract.rs"), out, &root.join("kernels/ear_contract.h"));
 }
 
-/// cbindgen of `src` into `path`, written only when its text changes.
-fn generate(config: cbindgen::Config, src: &Path, path: &Path) {
+/// cbindgen of `src` into `$OUT_DIR/<committed's file name>`, and into `committed` too when
+/// `EDGELLM_WRITE_GENERATED=1` (and its text changed).
+fn generate(config: cbindgen::Config, src: &Path, out: &Path, committed: &Path) {
     let header = cbindgen::Builder::new()
         .with_config(config)
         .with_src(src)
         .generate()
-        .unwrap_or_else(|e| panic!("cbindgen could not generate {}: {e}", path.display()));
+        .unwrap_or_else(|e| panic!("cbindgen could not generate {}: {e}", committed.display()));
     let mut text = Vec::new();
     header.write(&mut text);
-    if fs::read(path).ok().as_deref() != Some(&text[..]) {
-        fs::write(path, &text).unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
+    let mut targets = vec![out.join(committed.file_name().expect("a file name"))];
+    if env::var("EDGELLM_WRITE_GENERATED").is_ok_and(|v| v == "1") {
+        targets.push(committed.to_path_buf());
+    }
+    for path in targets {
+        if fs::read(&path).ok().as_deref() != Some(&text[..]) {
+            fs::write(&path, &text).unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
+        }
     }
 }

@@ -253,6 +253,17 @@ mod tests {
         assert_eq!(offset_of!(EarSelfTestResult, read), 80);
     }
 
+    /// build.rs generates the header into OUT_DIR; the committed copy (what the kernels and the
+    /// simulations include) must be the same text.
+    #[test]
+    fn the_committed_contract_header_is_the_generated_one() {
+        let generated = include_str!(concat!(env!("OUT_DIR"), "/ear_contract.h"));
+        assert!(
+            generated == include_str!("../kernels/ear_contract.h"),
+            "kernels/ear_contract.h is stale: rebuild with EDGELLM_WRITE_GENERATED=1 to rewrite it from src/contract.rs"
+        );
+    }
+
     #[test]
     fn the_protocol_id_reads_ear9() {
         assert_eq!(&EAR_PROTOCOL_ID.to_be_bytes(), b"EAR9");

@@ -49,19 +49,25 @@ pub use cuda::{DevicePtr, Stream};
 pub use error::{Error, Result};
 pub use error::{SelfTestFailure, SelfTestKind, SelfTestProblem};
 pub use group::device::group_for;
-#[doc(hidden)]
-pub use group::device::install_for_tests;
 pub use group::device::kernels as device_kernels;
 pub use group::fault::Fault;
 pub use group::reclaim::free_released_memory;
-#[doc(hidden)]
-pub use group::selftest::{decide as self_test_decide, RankState, RankVerdict, SelfTestInjection, VERDICT_BYTES};
 pub use group::{max_message_bytes, Group};
+// The integration tests' hooks (the `test-hooks` feature: never in a release build).
+#[cfg(feature = "test-hooks")]
+pub use group::device::install_for_tests;
+#[cfg(feature = "test-hooks")]
+pub use group::selftest::{decide as self_test_decide, RankState, RankVerdict, SelfTestInjection, VERDICT_BYTES};
 pub use launch::family::{Family, RANK_COUNTS};
 pub use launch::kernels::{DeviceKernels, IMAGES as KERNEL_IMAGES};
 pub use launch::strategy::{builtin_tables, AutoTables, FusedChoice, NARROW_ROW};
 pub use launch::strategy::{choose, Call, Path, Requested};
-pub use launch::tuning;
+/// The tuning file's format: `edgellm-allreduce-bench tune` writes it, AUTO reads it.
+pub mod tuning {
+    pub use crate::launch::tuning::{
+        library_id, Gpu, Machine, RowWidth, Section, SectionKey, TunedOp, Tuning, FILE_NAME,
+    };
+}
 pub use launch::{Fits, FusedCall, Message};
 pub use link::{describe as describe_links, group_class, pair_facts, query as link_facts, LinkClass, PairFacts};
 pub use nccl::dtype_code as nccl_dtype_code;

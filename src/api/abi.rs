@@ -249,3 +249,17 @@ pub unsafe extern "C" fn edgellm_dflash_configure_pages_per_slot(network: *mut c
     })
     .unwrap_or(false)
 }
+
+#[cfg(test)]
+mod tests {
+    /// build.rs generates the C ABI header into OUT_DIR; the committed (and installed) copy must
+    /// be the same text.
+    #[test]
+    fn the_committed_c_header_is_the_generated_one() {
+        let generated = include_str!(concat!(env!("OUT_DIR"), "/edgellm_allreduce.h"));
+        assert!(
+            generated == include_str!("../../include/edgellm_allreduce.h"),
+            "include/edgellm_allreduce.h is stale: rebuild with EDGELLM_WRITE_GENERATED=1 to rewrite it from src/api/abi.rs"
+        );
+    }
+}

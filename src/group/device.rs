@@ -261,7 +261,7 @@ pub(crate) fn install(group: &Arc<Group>, ranks: &[(i32, i32, Registration)]) ->
 
 /// Tests only: makes rank `rank` of `group` (e.g. a simulated group) the group of `device`, as
 /// if it had formed by registration, so that the plugin's enqueue on `device` runs it.
-#[doc(hidden)]
+#[cfg(feature = "test-hooks")]
 pub fn install_for_tests(device: i32, group: Arc<Group>, rank: i32) {
     fault::clear(device);
     with(device, |d| d.slot = Some(Slot::Live(group, rank)));

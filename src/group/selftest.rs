@@ -39,7 +39,10 @@ use std::time::{Duration, Instant};
 mod injection;
 mod verdict;
 
+// Public for the integration tests' hooks (lib.rs, feature `test-hooks`), crate-wide otherwise.
+#[cfg_attr(not(feature = "test-hooks"), allow(unreachable_pub))]
 pub use injection::*;
+#[cfg_attr(not(feature = "test-hooks"), allow(unreachable_pub))]
 pub use verdict::*;
 
 /// How long the host waits beyond the kernel's bound before it reports a kernel as not finished:

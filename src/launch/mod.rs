@@ -9,7 +9,7 @@ pub(crate) mod kernels;
 pub(crate) mod plan;
 pub(crate) mod strategy;
 pub(crate) mod tables;
-pub mod tuning;
+pub(crate) mod tuning;
 
 use crate::contract::{self, EarAllReduceParams, EarFusedParams};
 use crate::cuda::DevicePtr;

@@ -39,7 +39,7 @@
 //! boundary, or with a row lost or doubled, is refused rather than read as other tables.
 
 use crate::launch::family::{Family, RANK_COUNTS};
-use crate::launch::strategy::{FusedChoice, NARROW_ROW};
+use crate::launch::tables::{FusedChoice, NARROW_ROW};
 use crate::launch::Message;
 use crate::link::LinkClass;
 use crate::tensor::DataType;
@@ -52,13 +52,13 @@ mod machine;
 mod row;
 mod text;
 
-pub use load::*;
+pub(crate) use load::*;
 pub use machine::*;
 use row::*;
 use text::*;
 
 /// The format version this library reads and writes.
-pub const FORMAT_VERSION: u32 = 1;
+pub(crate) const FORMAT_VERSION: u32 = 1;
 /// The first line's words before the version.
 pub(super) const MAGIC: &str = "edgellm-allreduce tuning";
 /// The file's name beside the library when `EDGELLM_ALLREDUCE_TUNING` is unset.

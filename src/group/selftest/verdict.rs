@@ -45,6 +45,7 @@ pub struct RankVerdict {
 }
 
 /// The size of an encoded [`RankVerdict`]: what each rank contributes to the gather.
+#[cfg_attr(not(feature = "test-hooks"), allow(unreachable_pub))]
 pub const VERDICT_BYTES: usize = 64;
 
 impl RankVerdict {
@@ -106,6 +107,7 @@ impl RankVerdict {
 /// that is not of its index's rank or of the list's rank count counts as not run. The failures
 /// between two ranks are judged only when both finished (else the rank's own problem explains
 /// them).
+#[cfg_attr(not(feature = "test-hooks"), allow(unreachable_pub))]
 pub fn decide(verdicts: &[RankVerdict]) -> std::result::Result<(), SelfTestFailure> {
     let n = verdicts.len();
     let state = |r: usize| {

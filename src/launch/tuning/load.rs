@@ -4,14 +4,14 @@ use super::*;
 
 /// Where the tuning file is looked for when `EDGELLM_ALLREDUCE_TUNING` is unset: [`FILE_NAME`]
 /// in the directory of the file that holds this library.
-pub fn default_path() -> Option<PathBuf> {
+pub(crate) fn default_path() -> Option<PathBuf> {
     let (file, _) = crate::loader::this_object()?;
     Some(file.parent()?.join(FILE_NAME))
 }
 
 /// Reads and checks the file at `path` against `machine()` (asked only when the file parses).
 /// `Ok(None)`: no file where none was asked for (`explicit` false: the default place).
-pub fn load(
+pub(crate) fn load(
     path: &Path,
     explicit: bool,
     machine: impl FnOnce() -> Result<Machine, String>,
@@ -39,7 +39,7 @@ pub fn load(
 
 /// The tuning file of this process, read once (`EDGELLM_ALLREDUCE_TUNING`, else
 /// [`default_path`]); None when there is none or it was refused (one warning says why).
-pub fn active() -> Option<&'static Tuning> {
+pub(crate) fn active() -> Option<&'static Tuning> {
     static ACTIVE: OnceLock<Option<Tuning>> = OnceLock::new();
     ACTIVE
         .get_or_init(|| {
@@ -67,6 +67,6 @@ pub fn active() -> Option<&'static Tuning> {
 }
 
 /// [`Tuning::fingerprint`] of this process's tuning file, 0 without one.
-pub fn active_fingerprint() -> u64 {
+pub(crate) fn active_fingerprint() -> u64 {
     active().map_or(0, Tuning::fingerprint)
 }
