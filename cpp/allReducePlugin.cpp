@@ -1,6 +1,7 @@
 // AllReducePlugin and AllReducePluginCreator: TensorRT's interfaces adapted to the Rust core.
-// No decisions here: every override converts TensorRT's structs, calls src/plugin.rs through the
-// cxx bridge, and turns a Rust error (already logged there) into TensorRT's failure value.
+// No decisions here: every override converts TensorRT's structs, calls src/plugin/ (mod.rs) through
+// the cxx bridge (src/api/bridge.rs), and turns a Rust error (already logged there) into
+// TensorRT's failure value.
 // Methods follow TensorRT's interface order.
 
 #include "trt_edgellm/plugins/allReducePlugin.h"

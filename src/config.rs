@@ -42,7 +42,7 @@ pub(crate) enum Severity {
     Verbose = 4,
 }
 
-/// The process's configuration (README.md, "Environment").
+/// The process's configuration (docs/CONFIGURATION.md, "Environment").
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) struct Config {
     /// `EDGELLM_ALLREDUCE_STRATEGY` (NCCL, ONESHOT, TWOSHOT, LAMPORT, AUTO; any case): overrides
@@ -69,9 +69,10 @@ pub(crate) struct Config {
     /// `EDGELLM_ALLREDUCE_TUNING`: the tuning file AUTO reads (`crate::launch::tuning`; unset or empty:
     /// `edgellm-allreduce-tuning.txt` beside the library, if there is one).
     pub tuning_file: Option<std::path::PathBuf>,
-    /// `EDGELLM_ALLREDUCE_TEST_SELFTEST_FAULT`: a test hook, not a user setting (README lists no
-    /// such knob): faults injected into the peer self-test of every group this process forms, so
-    /// that the multi-process path can be tested on one GPU (tests/cpp/multiprocess_one_gpu_test.cpp).
+    /// `EDGELLM_ALLREDUCE_TEST_SELFTEST_FAULT`: a test hook, not a user setting
+    /// (docs/CONFIGURATION.md lists no such knob): faults injected into the peer self-test of every
+    /// group this process forms, so that the multi-process path can be tested on one GPU
+    /// (tests/cpp/multiprocess_one_gpu_test.cpp).
     /// Unset, empty or malformed (one warning): none.
     pub selftest_fault: Option<SelfTestFault>,
     /// Values that were set but not understood, one line each (logged once, then ignored).

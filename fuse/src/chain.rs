@@ -2,10 +2,9 @@
 //! row-parallel projection, its optional bias, the residual connection and the norm that reads it.
 
 use crate::dtype;
-use crate::graph::{int_attr, out0, shape_text, Dim, GraphIndex};
-use crate::norm::{is_op, match_norm, other_input, refuse, Matched, NormMatch, Sum};
-
-pub const PLUGIN_OP: &str = "AllReducePlugin";
+use crate::graph::{int_attr, is_op, out0, shape_text, Dim, GraphIndex};
+use crate::infer::{Infer, PLUGIN_OP};
+use crate::norm::{match_norm, other_input, refuse, Matched, NormMatch, Sum};
 
 /// Ops that only change how a tensor's elements are laid out in dimensions.
 const LAYOUT_OPS: [&str; 5] = ["Reshape", "Unsqueeze", "Squeeze", "Flatten", "Identity"];

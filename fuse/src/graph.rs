@@ -1,5 +1,8 @@
-//! A read-only index of a graph: who produces and who consumes each value, what is known of its
-//! type and shape, and which values are constants.
+//! A read-only index of a graph: who produces and who consumes each value, the types and shapes
+//! the graph declares, and which values are constants; with the node and attribute helpers every
+//! other layer reads nodes through. The pass's lowest layer (it uses only `constant`, `dtype` and
+//! `error`): types and shapes the graph does not declare come from `infer` (`Infer::elem_type`,
+//! `Infer::shape`), which only keeps its answers here.
 
 use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
@@ -30,6 +33,15 @@ impl Dim {
     }
 }
 
+/// Two dimensions provably equal: the same fixed size or the same symbolic name.
+pub fn same_dim(a: &Dim, b: &Dim) -> bool {
+    match (a, b) {
+        (Dim::Fixed(x), Dim::Fixed(y)) => x == y,
+        (Dim::Named(x), Dim::Named(y)) => x == y,
+        _ => false,
+    }
+}
+
 pub fn shape_text(shape: &[Dim]) -> String {
     let dims: Vec<String> = shape
         .iter()
@@ -53,9 +65,10 @@ pub struct GraphIndex<'g> {
     escapes: HashSet<&'g str>,
     initializers: HashMap<&'g str, &'g TensorProto>,
     declared: HashMap<&'g str, &'g ValueInfoProto>,
-    /// Inferred types and shapes, by value (None: cannot be known).
-    types: RefCell<HashMap<String, Option<i32>>>,
-    shapes: RefCell<HashMap<String, Option<Vec<Dim>>>>,
+    /// `infer`'s answers, by value (None: cannot be known), so that each value is inferred once
+    /// per index; the rules live in `infer`, the index only keeps the results.
+    pub(crate) inferred_types: RefCell<HashMap<String, Option<i32>>>,
+    pub(crate) inferred_shapes: RefCell<HashMap<String, Option<Vec<Dim>>>>,
 }
 
 impl<'g> GraphIndex<'g> {
@@ -89,8 +102,8 @@ impl<'g> GraphIndex<'g> {
             escapes,
             initializers,
             declared,
-            types: RefCell::default(),
-            shapes: RefCell::default(),
+            inferred_types: RefCell::default(),
+            inferred_shapes: RefCell::default(),
         }
     }
 
@@ -142,12 +155,6 @@ impl<'g> GraphIndex<'g> {
         Ok(self.constant_values(value)?.filter(|v| v.len() == 1).map(|v| v[0]))
     }
 
-    /// The element type: declared (value_info, graph input/output), of a constant, else inferred
-    /// from the producer (see `infer`).
-    pub fn elem_type(&self, value: &str) -> Option<i32> {
-        self.elem_type_within(value, INFER_DEPTH)
-    }
-
     /// The declared or constant type only.
     pub(crate) fn known_elem_type(&self, value: &str) -> Option<i32> {
         if let Some(t) = self.declared.get(value).and_then(|v| tensor_type(v)).map(|t| t.elem_type).filter(|&t| t != 0)
@@ -155,20 +162,6 @@ impl<'g> GraphIndex<'g> {
             return Some(t);
         }
         self.constant(value).map(|t| t.data_type).filter(|&t| t != 0)
-    }
-
-    pub(crate) fn elem_type_within(&self, value: &str, depth: u32) -> Option<i32> {
-        if let Some(t) = self.known_elem_type(value) {
-            return Some(t);
-        }
-        if let Some(&cached) = self.types.borrow().get(value) {
-            return cached;
-        }
-        let t = if depth == 0 { None } else { crate::infer::elem_type(self, value, depth - 1) };
-        if depth > 0 {
-            self.types.borrow_mut().insert(value.to_owned(), t);
-        }
-        t
     }
 
     /// The declared shape (value_info, graph input/output, or the dims of a constant).
@@ -192,36 +185,18 @@ impl<'g> GraphIndex<'g> {
         }
         self.constant(value).map(|t| t.dims.iter().map(|&d| Dim::Fixed(d)).collect())
     }
-
-    /// The shape: declared, else inferred from the producer (see `infer`); dimensions the
-    /// inference cannot name are `Dim::Unknown`.
-    pub fn shape(&self, value: &str) -> Option<Vec<Dim>> {
-        self.shape_within(value, INFER_DEPTH)
-    }
-
-    pub(crate) fn shape_within(&self, value: &str, depth: u32) -> Option<Vec<Dim>> {
-        if let Some(s) = self.declared_shape(value) {
-            return Some(s);
-        }
-        if let Some(cached) = self.shapes.borrow().get(value) {
-            return cached.clone();
-        }
-        let s = if depth == 0 { None } else { crate::infer::shape(self, value, depth - 1) };
-        if depth > 0 {
-            self.shapes.borrow_mut().insert(value.to_owned(), s.clone());
-        }
-        s
-    }
 }
-
-/// How many producers back the inference looks (a bound, also against malformed cyclic graphs).
-const INFER_DEPTH: u32 = 512;
 
 fn tensor_type(v: &ValueInfoProto) -> Option<&type_proto::Tensor> {
     match &v.type_.as_ref()?.value {
         Some(type_proto::Value::TensorType(t)) => Some(t),
         _ => None,
     }
+}
+
+/// Standard ONNX op `op` (default domain).
+pub fn is_op(node: &NodeProto, op: &str) -> bool {
+    node.op_type == op && (node.domain.is_empty() || node.domain == "ai.onnx")
 }
 
 /// A node's first output ("" when it has none: no value is named "", so nothing reads it).

@@ -3,11 +3,71 @@
 //! producers, over the standard ops that all-reduce chains and the projections before them are
 //! made of. Only what the ops' definitions fix is inferred: an op not listed here, or an input
 //! that cannot be known, gives nothing (None, or `Dim::Unknown` for one dimension).
+//!
+//! The layer above `graph`: the index keeps what the graph declares (and this layer's answers,
+//! memoised), and `Infer` adds `elem_type` and `shape` to it, so the index needs nothing from
+//! here and the matchers above (`layout`, `norm`, `chain`) ask through the trait.
 
 use crate::dtype;
-use crate::graph::{int_attr, ints_attr, Dim, GraphIndex};
-use crate::norm::is_op;
+use crate::graph::{int_attr, ints_attr, is_op, same_dim, Dim, GraphIndex};
 use crate::proto::NodeProto;
+
+/// The op type of edgellm-allreduce's plugin. It lives here, the lowest layer that needs it: a
+/// plain all-reduce is a custom op ONNX's own inference stops at, so its rule is ours.
+pub const PLUGIN_OP: &str = "AllReducePlugin";
+
+/// What is known of a value's element type and shape: declared, else inferred from producers.
+/// A trait (implemented for `GraphIndex` only) so that the rules stay above the index.
+pub trait Infer {
+    /// The element type: declared (value_info, graph input/output), of a constant, else inferred
+    /// from the producer.
+    fn elem_type(&self, value: &str) -> Option<i32>;
+
+    /// The shape: declared, else inferred from the producer; dimensions the inference cannot
+    /// name are `Dim::Unknown`.
+    fn shape(&self, value: &str) -> Option<Vec<Dim>>;
+}
+
+impl Infer for GraphIndex<'_> {
+    fn elem_type(&self, value: &str) -> Option<i32> {
+        elem_type_within(self, value, INFER_DEPTH)
+    }
+
+    fn shape(&self, value: &str) -> Option<Vec<Dim>> {
+        shape_within(self, value, INFER_DEPTH)
+    }
+}
+
+/// How many producers back the inference looks (a bound, also against malformed cyclic graphs).
+const INFER_DEPTH: u32 = 512;
+
+fn elem_type_within(g: &GraphIndex, value: &str, depth: u32) -> Option<i32> {
+    if let Some(t) = g.known_elem_type(value) {
+        return Some(t);
+    }
+    if let Some(&cached) = g.inferred_types.borrow().get(value) {
+        return cached;
+    }
+    let t = if depth == 0 { None } else { elem_type_from_producer(g, value, depth - 1) };
+    if depth > 0 {
+        g.inferred_types.borrow_mut().insert(value.to_owned(), t);
+    }
+    t
+}
+
+fn shape_within(g: &GraphIndex, value: &str, depth: u32) -> Option<Vec<Dim>> {
+    if let Some(s) = g.declared_shape(value) {
+        return Some(s);
+    }
+    if let Some(cached) = g.inferred_shapes.borrow().get(value) {
+        return cached.clone();
+    }
+    let s = if depth == 0 { None } else { shape_from_producer(g, value, depth - 1) };
+    if depth > 0 {
+        g.inferred_shapes.borrow_mut().insert(value.to_owned(), s.clone());
+    }
+    s
+}
 
 /// Ops whose output has the type of every one of their inputs (ONNX's homogeneous `T`).
 const SAME_TYPE_ALL_INPUTS: [&str; 10] = ["Add", "Sub", "Mul", "Div", "Max", "Min", "Sum", "Mean", "MatMul", "Gemm"];
@@ -77,7 +137,7 @@ const BROADCAST: [&str; 9] = ["Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "
 
 /// A plain (unfused, one input, one output) all-reduce: element-wise, type and shape of its input.
 fn is_plain_all_reduce(node: &NodeProto) -> bool {
-    node.op_type == crate::chain::PLUGIN_OP && node.input.len() == 1 && node.output.len() == 1
+    node.op_type == PLUGIN_OP && node.input.len() == 1 && node.output.len() == 1
 }
 
 /// The node producing `value` as its first output (the only output these rules describe).
@@ -86,9 +146,9 @@ fn producer_of<'g>(g: &GraphIndex<'g>, value: &str) -> Option<&'g NodeProto> {
     (node.output.first().map(String::as_str) == Some(value)).then_some(node)
 }
 
-pub(crate) fn elem_type(g: &GraphIndex, value: &str, depth: u32) -> Option<i32> {
+fn elem_type_from_producer(g: &GraphIndex, value: &str, depth: u32) -> Option<i32> {
     let node = producer_of(g, value)?;
-    let of = |i: usize| node.input.get(i).filter(|s| !s.is_empty()).and_then(|s| g.elem_type_within(s, depth));
+    let of = |i: usize| node.input.get(i).filter(|s| !s.is_empty()).and_then(|s| elem_type_within(g, s, depth));
     // Rsqrt is no standard op (the norm matcher takes it from any domain): same type as its input.
     if is_plain_all_reduce(node) || node.op_type == "Rsqrt" {
         return of(0);
@@ -122,7 +182,7 @@ pub(crate) fn elem_type(g: &GraphIndex, value: &str, depth: u32) -> Option<i32> 
         let inputs = || node.input.iter().filter(|s| !s.is_empty());
         return inputs()
             .find_map(|s| g.known_elem_type(s))
-            .or_else(|| inputs().find_map(|s| g.elem_type_within(s, depth)));
+            .or_else(|| inputs().find_map(|s| elem_type_within(g, s, depth)));
     }
     if SAME_TYPE_FIRST_INPUT.iter().any(|o| op(o)) {
         return of(0);
@@ -130,15 +190,15 @@ pub(crate) fn elem_type(g: &GraphIndex, value: &str, depth: u32) -> Option<i32> 
     None
 }
 
-pub(crate) fn shape(g: &GraphIndex, value: &str, depth: u32) -> Option<Vec<Dim>> {
+fn shape_from_producer(g: &GraphIndex, value: &str, depth: u32) -> Option<Vec<Dim>> {
     let node = producer_of(g, value)?;
-    let of = |i: usize| node.input.get(i).filter(|s| !s.is_empty()).and_then(|s| g.shape_within(s, depth));
+    let of = |i: usize| node.input.get(i).filter(|s| !s.is_empty()).and_then(|s| shape_within(g, s, depth));
     let op = |name: &str| is_op(node, name);
     if is_plain_all_reduce(node) || node.op_type == "Rsqrt" || SAME_SHAPE.iter().any(|o| op(o)) {
         return of(0);
     }
     if BROADCAST.iter().any(|o| op(o)) {
-        let shapes: Option<Vec<Vec<Dim>>> = node.input.iter().map(|s| g.shape_within(s, depth)).collect();
+        let shapes: Option<Vec<Vec<Dim>>> = node.input.iter().map(|s| shape_within(g, s, depth)).collect();
         return broadcast(&shapes?);
     }
     if op("Reshape") {
@@ -268,15 +328,6 @@ fn fixed_product(dims: &[Dim]) -> Option<i64> {
         Dim::Fixed(k) => n.checked_mul(*k),
         _ => None,
     })
-}
-
-/// Two dimensions provably equal: the same fixed size or the same symbolic name.
-pub fn same_dim(a: &Dim, b: &Dim) -> bool {
-    match (a, b) {
-        (Dim::Fixed(x), Dim::Fixed(y)) => x == y,
-        (Dim::Named(x), Dim::Named(y)) => x == y,
-        _ => false,
-    }
 }
 
 fn squeeze(input: &[Dim], axes: Option<&[i64]>) -> Option<Vec<Dim>> {

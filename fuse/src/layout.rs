@@ -16,9 +16,8 @@
 //! into the shape the norm's readers expect.
 
 use crate::dtype;
-use crate::graph::{int_attr, out0, shape_text, Dim, GraphIndex};
-use crate::infer::same_dim;
-use crate::norm::is_op;
+use crate::graph::{int_attr, is_op, out0, same_dim, shape_text, Dim, GraphIndex};
+use crate::infer::Infer;
 
 /// One followed step: the nodes (kept in the graph), the value they end in, and whether they
 /// provably keep the whole shape.

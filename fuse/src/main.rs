@@ -1,4 +1,4 @@
-//! `edgellm-allreduce-fuse IN.onnx -o OUT.onnx`: see the crate docs and the README section
+//! `edgellm-allreduce-fuse IN.onnx -o OUT.onnx`: see the crate docs and docs/FUSION.md,
 //! "Using the fused op with Edge-LLM models".
 
 use std::io::Write;

@@ -15,7 +15,8 @@
 use crate::proto::{NodeProto, TensorProto};
 
 use crate::dtype;
-use crate::graph::{float_attr, in0, int_attr, ints_attr, out0, shape_text, Dim, GraphIndex};
+use crate::graph::{float_attr, in0, int_attr, ints_attr, is_op, out0, shape_text, Dim, GraphIndex};
+use crate::infer::Infer;
 
 /// Why a chain was not fused, with how far matching got (the deepest attempt explains best).
 #[derive(Clone, Debug)]
@@ -75,11 +76,6 @@ impl Sum<'_> {
     fn hidden(&self) -> Option<&Dim> {
         self.shape.as_ref().and_then(|s| s.last())
     }
-}
-
-/// Standard ONNX op `op` (default domain).
-pub fn is_op(node: &NodeProto, op: &str) -> bool {
-    node.op_type == op && (node.domain.is_empty() || node.domain == "ai.onnx")
 }
 
 /// The other input of a two-input node that reads `value`, when exactly one input is `value`.

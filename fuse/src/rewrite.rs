@@ -10,8 +10,7 @@ use std::collections::{BinaryHeap, HashMap, HashSet};
 use crate::proto::{attribute_proto::AttributeType, AttributeProto, GraphProto, NodeProto, TensorProto};
 
 use crate::chain::Chain;
-use crate::graph::{outer_names, subgraphs};
-use crate::norm::is_op;
+use crate::graph::{is_op, outer_names, subgraphs};
 
 /// The plugin fields set on every fused node beyond those the pass derives.
 #[derive(Clone, Debug, Default)]

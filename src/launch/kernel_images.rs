@@ -121,7 +121,7 @@ mod tests {
         assert_eq!(runnable(&parse("sm_90 compute_80"), 110), Some(Image::Ptx(80)));
     }
 
-    /// The GPUs of the platform table (README.md, docs/PLATFORMS.md) by compute capability.
+    /// The GPUs of the platform table (docs/PLATFORMS.md, "The platform table") by compute capability.
     const PLATFORM_TABLE: [u32; 10] = [80, 86, 87, 89, 90, 100, 103, 110, 120, 121];
 
     #[test]

@@ -205,7 +205,8 @@ def same_numbers(fake, np, a, b, tp_size, label):
     va = fake.evaluate(a.network, feeds(a, np), a.outputs, tp_size)
     vb = fake.evaluate(b.network, feeds(b, np), b.outputs, tp_size)
     # Differences are fp16 roundings: the builder rounds the normalized value and the product,
-    # the fused op rounds once (README "Numerics"); compared against each output's largest value.
+    # the fused op rounds once (docs/FUSION.md, "Numerics"); compared against each output's
+    # largest value.
     worst = max(float(np.max(np.abs(x.astype(np.float32) - y.astype(np.float32))) /
                       np.max(np.abs(y.astype(np.float32)))) for x, y in zip(va, vb))
     check([t.name for t in a.outputs] == [t.name for t in b.outputs] and worst < 5e-3,
