@@ -49,7 +49,12 @@ fn main() {
     compile_kernels(&root, &out, &toolchain);
     write_c_header(&root, &out);
     // The host half of the kernel contract (workspace layout, launch rule) from its own header.
-    cc::Build::new().file(root.join("kernels/layout.c")).include(root.join("kernels")).compile("edgellm_kernel_layout");
+    // -Werror=switch: the rules switch over every kind of a family's rule, with no default.
+    cc::Build::new()
+        .file(root.join("kernels/layout.c"))
+        .include(root.join("kernels"))
+        .flag("-Werror=switch")
+        .compile("edgellm_kernel_layout");
     println!("cargo:rerun-if-changed=kernels/layout.c");
 
     let cpp: Vec<PathBuf> = sorted_files(&root.join("cpp"), "cpp");
@@ -334,12 +339,22 @@ fn write_kernel_contract(root: &Path, out: &Path) {
         ),
         ..Default::default()
     };
-    config.export.item_types = vec![cbindgen::ItemType::Constants, cbindgen::ItemType::Structs];
+    config.export.item_types =
+        vec![cbindgen::ItemType::Constants, cbindgen::ItemType::Structs, cbindgen::ItemType::Enums];
     // No function uses the parameter blocks on the C side: name them.
-    config.export.include =
-        ["EarAllReduceParams", "EarFusedParams", "EarPlan", "EarSelfTestParams", "EarSelfTestResult"]
-            .map(String::from)
-            .to_vec();
+    config.export.include = [
+        "EarAllReduceParams",
+        "EarFusedParams",
+        "EarPlan",
+        "EarRule",
+        "EarCallFacts",
+        "EarSelfTestParams",
+        "EarSelfTestResult",
+    ]
+    .map(String::from)
+    .to_vec();
+    // EAR_GRID_RULE_VECS, ...: C enums, so a switch that misses one fails the build (-Werror=switch).
+    config.enumeration.rename_variants = cbindgen::RenameRule::QualifiedScreamingSnakeCase;
     config.parse.parse_deps = false;
     generate(config, &root.join("src/contract.rs"), out, &root.join("kernels/ear_contract.h"));
 }

@@ -282,35 +282,66 @@ static inline uint32_t ear_fused_lamport_grid_of(uint64_t tokens, uint32_t hidde
   const uint64_t cap = max_blocks < 1u ? 1u : max_blocks;
   return (uint32_t)(g > cap ? cap : g);
 }
-/* The launch plan of one rank's call (EarPlan, ear_contract.h): grid and block of `family`
- * (EAR_FAMILY_*) for `op` (EAR_OP_*), from the call alone, so every rank launches the same grid.
- * count: elements of a plain all-reduce; tokens, hidden: rows of the fused op and of the norm
- * kernel alone; elem: bytes per element; max_blocks: the group's grid cap (clamped to
- * [1, EAR_MAX_BLOCKS]); sm_count: SMs of the device (the norm kernel alone takes up to 4 waves:
- * it waits on nothing). flags are the caller's (0 here). The library (layout.c's ear_plan) and
- * the kernel simulations take every launch from this function. */
-static inline EarPlan ear_plan_of(int32_t family, int32_t op, uint64_t count, uint64_t tokens, uint32_t hidden,
-                                  uint32_t elem, int32_t nranks, uint32_t max_blocks, int32_t sm_count) {
+/* The launch plan of one rank's call (EarPlan, ear_contract.h): kernel, grid, block and flags of
+ * the family `family` (EAR_FAMILY_*, whose launch rules are `rule`: the Rust core describes each
+ * family once and hands its rule here) for `op` (EAR_OP_*), from the call alone, so every rank
+ * launches the same grid. count: elements of a plain all-reduce; tokens, hidden: rows of the
+ * fused op; elem: bytes per element; max_blocks: the group's grid cap (clamped to
+ * [1, EAR_MAX_BLOCKS]); facts: what the rank knows of a plain call for its flags (EarCallFacts).
+ * The library (layout.c's ear_plan) and the kernel simulations take every launch from here. The
+ * switches name every rule and have no default: a rule kind without a case fails the build
+ * (-Werror=switch). */
+static inline EarPlan ear_plan_of(EarRule rule, int32_t family, int32_t op, uint64_t count, uint64_t tokens,
+                                  uint32_t hidden, uint32_t elem, int32_t nranks, uint32_t max_blocks,
+                                  EarCallFacts facts) {
   EarPlan p;
   const uint32_t cap = max_blocks < 1u ? 1u : max_blocks > EAR_MAX_BLOCKS ? EAR_MAX_BLOCKS : max_blocks;
   const uint64_t vecs = EAR_CEIL_DIV(count * (uint64_t)elem, EAR_VEC_BYTES);
   p.family = family;
   p.op = op;
   p.flags = 0u;
-  if (family == EAR_FAMILY_NORM) {
-    p.grid = EAR_FUSED_GRID(tokens, (uint32_t)(sm_count < 1 ? 1 : sm_count) * 4u);
+  p.grid = 1u;
+  p.block = EAR_BLOCK_THREADS;
+  if (op == EAR_OP_RESIDUAL_RMSNORM) {
     p.block = EAR_FUSED_BLOCK(hidden, elem);
-  } else if (op == EAR_OP_RESIDUAL_RMSNORM) {
-    p.grid = family == EAR_FAMILY_LAMPORT ? ear_fused_lamport_grid_of(tokens, hidden, elem, cap)
-                                          : EAR_FUSED_GRID(tokens, cap);
-    p.block = EAR_FUSED_BLOCK(hidden, elem);
-  } else if (family == EAR_FAMILY_LAMPORT) {
-    p.grid = EAR_LAMPORT_GRID(vecs, cap);
-    p.block = EAR_LAMPORT_BLOCK(vecs, cap);
-  } else {
-    p.grid = EAR_GRID(family == EAR_FAMILY_TWOSHOT ? EAR_CEIL_DIV(vecs, (uint64_t)(nranks < 1 ? 1 : nranks)) : vecs, cap);
-    p.block = EAR_BLOCK_THREADS;
+    switch (rule.fused_grid) {
+      case EAR_FUSED_GRID_RULE_ROWS: p.grid = EAR_FUSED_GRID(tokens, cap); break;
+      case EAR_FUSED_GRID_RULE_LAMPORT: p.grid = ear_fused_lamport_grid_of(tokens, hidden, elem, cap); break;
+    }
+    return p;
   }
+  switch (rule.grid) {
+    case EAR_GRID_RULE_VECS: p.grid = EAR_GRID(vecs, cap); break;
+    case EAR_GRID_RULE_SEGMENTS: p.grid = EAR_GRID(EAR_CEIL_DIV(vecs, (uint64_t)(nranks < 1 ? 1 : nranks)), cap); break;
+    case EAR_GRID_RULE_LAMPORT:
+      p.grid = EAR_LAMPORT_GRID(vecs, cap);
+      p.block = EAR_LAMPORT_BLOCK(vecs, cap);
+      break;
+  }
+  if (facts.exchanges_pointers) {
+    switch (rule.flags) {
+      case EAR_FLAGS_RULE_NONE: break;
+      case EAR_FLAGS_RULE_POINTERS_OUT_OF_PLACE:
+        p.flags = EAR_CALL_POINTERS | (!facts.in_place && facts.input_reachable ? EAR_CALL_INPUT_SHARED : 0u);
+        break;
+      case EAR_FLAGS_RULE_POINTERS_ALWAYS:
+        p.flags = EAR_CALL_POINTERS | (facts.input_reachable ? EAR_CALL_INPUT_SHARED : 0u);
+        break;
+    }
+  }
+  return p;
+}
+
+/* The plan of the residual + RMSNorm kernel alone (EAR_FAMILY_NORM) on `tokens` rows of `hidden`:
+ * one CTA per row, up to 4 waves of the device's `sm_count` SMs (it waits on nothing, so any grid
+ * is right). */
+static inline EarPlan ear_norm_plan_of(uint64_t tokens, uint32_t hidden, uint32_t elem, int32_t sm_count) {
+  EarPlan p;
+  p.family = EAR_FAMILY_NORM;
+  p.op = EAR_OP_RESIDUAL_RMSNORM;
+  p.flags = 0u;
+  p.grid = EAR_FUSED_GRID(tokens, (uint32_t)(sm_count < 1 ? 1 : sm_count) * 4u);
+  p.block = EAR_FUSED_BLOCK(hidden, elem);
   return p;
 }
 
@@ -327,6 +358,28 @@ static inline EarPlan ear_plan_of(int32_t family, int32_t op, uint64_t count, ui
   (EAR_FUSED_TWOSHOT_SEG_NEED(tokens, hidden, elem, n) <= EAR_TWOSHOT_SEG_BYTES(m, n))
 #define EAR_FUSED_LAMPORT_FITS(tokens, hidden, elem, m) \
   (EAR_FUSED_STAGE_BYTES(tokens, hidden, elem) <= EAR_LAMPORT_MAX_MSG(m))
+
+/* The largest plain message of a family whose capacity rule is `rule`, in a workspace made for
+ * m bytes. */
+static inline uint64_t ear_max_msg_of(EarCapacityRule rule, uint64_t m) {
+  switch (rule) {
+    case EAR_CAPACITY_RULE_WORKSPACE: return m;
+    case EAR_CAPACITY_RULE_LAMPORT: return EAR_LAMPORT_MAX_MSG(m);
+  }
+  return 0u;
+}
+
+/* Whether `tokens` rows of `hidden` elements of `elem` bytes fit a family whose fused-fit rule is
+ * `rule`, in workspaces made for m bytes among n ranks. */
+static inline int ear_fused_fits_of(EarFusedFitRule rule, uint64_t tokens, uint32_t hidden, uint32_t elem, uint64_t m,
+                                    uint64_t n) {
+  switch (rule) {
+    case EAR_FUSED_FIT_RULE_ONESHOT: return EAR_FUSED_ONESHOT_FITS(tokens, hidden, elem, m);
+    case EAR_FUSED_FIT_RULE_TWOSHOT: return EAR_FUSED_TWOSHOT_FITS(tokens, hidden, elem, m, n);
+    case EAR_FUSED_FIT_RULE_LAMPORT: return EAR_FUSED_LAMPORT_FITS(tokens, hidden, elem, m);
+  }
+  return 0;
+}
 
 /* EarFusedParams (ear_contract.h) is the only argument of the fused kernels, by value. */
 #ifdef __cplusplus

@@ -112,6 +112,52 @@
 // to it or read from it (read entries only).
 #define EAR_SELFTEST_UNMAPPED 4
 
+// How a family's plain calls size their grid and block (`ear_plan_of`).
+typedef enum EarGridRule {
+  // One thread per 16-byte vector of the message, [`EAR_BLOCK_THREADS`] per CTA (`EAR_GRID`).
+  EAR_GRID_RULE_VECS,
+  // As `Vecs` over one rank's segment of the message (ceil(vecs / nranks) vectors).
+  EAR_GRID_RULE_SEGMENTS,
+  // `EAR_LAMPORT_GRID` CTAs of `EAR_LAMPORT_BLOCK` threads (128..512).
+  EAR_GRID_RULE_LAMPORT,
+} EarGridRule;
+
+// How a family's fused calls size their grid (the block is `EAR_FUSED_BLOCK` for all).
+typedef enum EarFusedGridRule {
+  // One CTA per token row (`EAR_FUSED_GRID`).
+  EAR_FUSED_GRID_RULE_ROWS,
+  // Enough CTAs to push every vector once, at least one per row (`ear_fused_lamport_grid_of`).
+  EAR_FUSED_GRID_RULE_LAMPORT,
+} EarFusedGridRule;
+
+// The largest plain message of a family in a workspace made for `m` bytes (`ear_max_msg_of`).
+typedef enum EarCapacityRule {
+  // `m` itself.
+  EAR_CAPACITY_RULE_WORKSPACE,
+  // `EAR_LAMPORT_MAX_MSG(m)`: the Lamport rows are capped at 2 MiB.
+  EAR_CAPACITY_RULE_LAMPORT,
+} EarCapacityRule;
+
+// Which fused calls fit a family's part of the workspace (`ear_fused_fits_of`).
+typedef enum EarFusedFitRule {
+  EAR_FUSED_FIT_RULE_ONESHOT,
+  EAR_FUSED_FIT_RULE_TWOSHOT,
+  EAR_FUSED_FIT_RULE_LAMPORT,
+} EarFusedFitRule;
+
+// Which `EAR_CALL_*` flags a family's plain kernels read (`ear_plan_of`).
+typedef enum EarFlagsRule {
+  // None: its kernels ignore the flags.
+  EAR_FLAGS_RULE_NONE,
+  // [`EAR_CALL_POINTERS`] in groups that exchange pointers, and [`EAR_CALL_INPUT_SHARED`]
+  // where peers reach the input, unless the call is in place (the kernel writes its output
+  // while peers may still read its input).
+  EAR_FLAGS_RULE_POINTERS_OUT_OF_PLACE,
+  // The same, in place too (peers read the input before the kernel writes outside its own
+  // segment).
+  EAR_FLAGS_RULE_POINTERS_ALWAYS,
+} EarFlagsRule;
+
 // The only kernel argument of the plain families, passed by value. 200 bytes, 8-byte aligned,
 // no implicit padding (64-bit targets only).
 typedef struct EarAllReduceParams {
@@ -172,7 +218,8 @@ typedef struct EarFusedParams {
 // One rank's launch of one call, from the one rule `ear_plan_of` (`kernels/allreduce_params.h`)
 // that the library and the kernel simulations share: which kernel (family and op; the type and
 // rank count pick its instance), its grid and block (the same on every rank), and the
-// `EAR_CALL_*` flags of its parameter block.
+// `EAR_CALL_*` flags of its parameter block (from the family's [`EarFlagsRule`] and the call's
+// [`EarCallFacts`]).
 typedef struct EarPlan {
   int32_t family;
   int32_t op;
@@ -180,6 +227,30 @@ typedef struct EarPlan {
   uint32_t block;
   uint32_t flags;
 } EarPlan;
+
+// A family's launch rules: what `ear_plan_of` and the fit checks need of it. The Rust core
+// describes each family once (`crate::launch::family`) and hands its rule to C; C knows the rule
+// kinds, never the families.
+typedef struct EarRule {
+  enum EarGridRule grid;
+  enum EarFusedGridRule fused_grid;
+  enum EarCapacityRule capacity;
+  enum EarFusedFitRule fused_fit;
+  enum EarFlagsRule flags;
+} EarRule;
+
+// What a rank knows of one plain call besides its size, for its flags (`ear_plan_of`); each
+// field 0 or 1.
+typedef struct EarCallFacts {
+  // The group tells its ranks where their inputs are (`EAR_CALL_POINTERS`): it lives in one
+  // process, has 4+ ranks, and every rank's kernels and links have the 16-byte atomics.
+  uint8_t exchanges_pointers;
+  // Output and input are the same buffer.
+  uint8_t in_place;
+  // Every peer's device reaches this rank's input where it lies.
+  uint8_t input_reachable;
+  uint8_t reserved;
+} EarCallFacts;
 
 // What one rank's `ear_selftest` reports, in host-mapped memory (the host reads it after the
 // kernel ended, or, for a kernel that did not end, as far as it got). 144 bytes.

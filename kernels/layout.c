@@ -10,26 +10,6 @@ uint64_t ear_workspace_bytes(uint64_t max_msg_bytes, int32_t nranks)
     return EAR_WORKSPACE_BYTES(max_msg_bytes, (uint64_t)nranks);
 }
 
-uint64_t ear_lamport_max_msg(uint64_t max_msg_bytes)
-{
-    return EAR_LAMPORT_MAX_MSG(max_msg_bytes);
-}
-
-uint32_t ear_grid(uint64_t work_vecs, uint32_t max_blocks)
-{
-    return EAR_GRID(work_vecs, max_blocks);
-}
-
-uint32_t ear_lamport_block(uint64_t vecs, uint32_t max_blocks)
-{
-    return EAR_LAMPORT_BLOCK(vecs, max_blocks);
-}
-
-uint32_t ear_lamport_grid(uint64_t vecs, uint32_t max_blocks)
-{
-    return EAR_LAMPORT_GRID(vecs, max_blocks);
-}
-
 uint64_t ear_params_size(void)
 {
     return sizeof(EarAllReduceParams);
@@ -60,44 +40,34 @@ uint32_t ear_state_bytes(void)
     return EAR_STATE_BYTES;
 }
 
-/* The fused all-reduce + residual + RMSNorm launch rule and size checks. family: 0 one-shot,
- * 1 two-shot, 2 Lamport. */
-uint32_t ear_fused_block(uint32_t hidden, uint32_t elem)
-{
-    return EAR_FUSED_BLOCK(hidden, elem);
-}
-
-uint32_t ear_fused_grid(uint64_t tokens, uint32_t max_blocks)
-{
-    return EAR_FUSED_GRID(tokens, max_blocks);
-}
-
-uint32_t ear_fused_lamport_grid(uint64_t tokens, uint32_t hidden, uint32_t elem, uint32_t max_blocks)
-{
-    return ear_fused_lamport_grid_of(tokens, hidden, elem, max_blocks);
-}
-
-int ear_fused_fits(int family, uint64_t tokens, uint32_t hidden, uint32_t elem, uint64_t max_msg_bytes, int32_t nranks)
-{
-    switch (family)
-    {
-    case 0: return EAR_FUSED_ONESHOT_FITS(tokens, hidden, elem, max_msg_bytes);
-    case 1: return EAR_FUSED_TWOSHOT_FITS(tokens, hidden, elem, max_msg_bytes, (uint64_t)nranks);
-    case 2: return EAR_FUSED_LAMPORT_FITS(tokens, hidden, elem, max_msg_bytes);
-    default: return 0;
-    }
-}
-
 uint64_t ear_fused_params_size(void)
 {
     return sizeof(EarFusedParams);
 }
 
-/* The launch plan (allreduce_params.h's ear_plan_of): the library's only launch rule. */
-EarPlan ear_plan(int32_t family, int32_t op, uint64_t count, uint64_t tokens, uint32_t hidden, uint32_t elem,
-                 int32_t nranks, uint32_t max_blocks, int32_t sm_count)
+/* The launch plans (allreduce_params.h's ear_plan_of, ear_norm_plan_of): the library's only
+ * launch rules. */
+EarPlan ear_plan(EarRule rule, int32_t family, int32_t op, uint64_t count, uint64_t tokens, uint32_t hidden,
+                 uint32_t elem, int32_t nranks, uint32_t max_blocks, EarCallFacts facts)
 {
-    return ear_plan_of(family, op, count, tokens, hidden, elem, nranks, max_blocks, sm_count);
+    return ear_plan_of(rule, family, op, count, tokens, hidden, elem, nranks, max_blocks, facts);
+}
+
+EarPlan ear_norm_plan(uint64_t tokens, uint32_t hidden, uint32_t elem, int32_t sm_count)
+{
+    return ear_norm_plan_of(tokens, hidden, elem, sm_count);
+}
+
+/* A family's capacity and fused fit (its EarRule's). */
+uint64_t ear_max_msg(EarCapacityRule rule, uint64_t max_msg_bytes)
+{
+    return ear_max_msg_of(rule, max_msg_bytes);
+}
+
+int ear_fused_fits(EarFusedFitRule rule, uint64_t tokens, uint32_t hidden, uint32_t elem, uint64_t max_msg_bytes,
+                   int32_t nranks)
+{
+    return ear_fused_fits_of(rule, tokens, hidden, elem, max_msg_bytes, (uint64_t)nranks);
 }
 
 #define EAR_STORE_RANK_COUNT_(unused, N) \

@@ -1,8 +1,11 @@
-//! Every environment knob of the library, read once per process into one [`Config`] (a leaf:
-//! it imports only the kernels' constants; `crate::config()` logs, once, every value that was
-//! set but not understood, by name).
+//! Every environment knob of the library and every default, read once per process into one
+//! [`Config`] (a leaf: it imports only the kernels' constants and the log; [`get`] logs, once,
+//! every value that was set but not understood, by name). The modules that need a knob read it
+//! here themselves; knobs whose values are another room's words (a strategy, a self-test fault
+//! spec) are kept as text and understood there.
 
-use crate::contract::{EAR_MAX_BLOCKS, EAR_MAX_RANKS};
+use crate::contract::EAR_MAX_BLOCKS;
+use crate::log::Severity;
 use std::sync::OnceLock;
 
 /// The largest `EDGELLM_ALLREDUCE_WORKSPACE_BYTES` taken (1 TiB): the workspace rule's
@@ -21,33 +24,17 @@ pub(crate) const DEFAULT_SELFTEST_MS: u64 = 50;
 /// The largest `EDGELLM_ALLREDUCE_SELFTEST_MS` taken (one minute).
 pub(crate) const MAX_SELFTEST_MS: u64 = 60_000;
 
-/// A strategy as asked for: the plugin's `strategy` field, or `EDGELLM_ALLREDUCE_STRATEGY`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Requested {
-    Nccl,
-    OneShot,
-    TwoShot,
-    /// Only through the environment: the seed's enum has no value for it.
-    Lamport,
-    Auto,
-}
-
-/// TensorRT's `ILogger::Severity` values; the stderr threshold.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-#[repr(i32)]
-pub(crate) enum Severity {
-    Error = 1,
-    Warning = 2,
-    Info = 3,
-    Verbose = 4,
-}
+/// The largest message of the custom kernels when `EDGELLM_ALLREDUCE_WORKSPACE_BYTES` is unset:
+/// the seed's `getMaxRequiredWorkspaceSize`, 16 MB up to 2 ranks, 8 MB above.
+const DEFAULT_MESSAGE_BYTES: [(i32, u64); 2] = [(2, 16_000_000), (i32::MAX, 8_000_000)];
 
 /// The process's configuration (docs/CONFIGURATION.md, "Environment").
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) struct Config {
-    /// `EDGELLM_ALLREDUCE_STRATEGY` (NCCL, ONESHOT, TWOSHOT, LAMPORT, AUTO; any case): overrides
-    /// every plugin's field; NCCL also keeps workspaces from being allocated.
-    pub strategy: Option<Requested>,
+    /// `EDGELLM_ALLREDUCE_STRATEGY`, trimmed (NCCL, AUTO or a family's name, any case:
+    /// `crate::launch::strategy::Requested::configured` reads it): overrides every plugin's
+    /// field; NCCL also keeps workspaces from being allocated.
+    pub strategy: Option<String>,
     /// `EDGELLM_ALLREDUCE_WORKSPACE_BYTES`, rounded up to 16: the largest message of the custom
     /// kernels (default: the seed's rule, group::max_message_bytes).
     pub workspace_bytes: Option<u64>,
@@ -72,9 +59,9 @@ pub(crate) struct Config {
     /// `EDGELLM_ALLREDUCE_TEST_SELFTEST_FAULT`: a test hook, not a user setting
     /// (docs/CONFIGURATION.md lists no such knob): faults injected into the peer self-test of every
     /// group this process forms, so that the multi-process path can be tested on one GPU
-    /// (tests/cpp/multiprocess_one_gpu_test.cpp).
-    /// Unset, empty or malformed (one warning): none.
-    pub selftest_fault: Option<SelfTestFault>,
+    /// (tests/cpp/multiprocess_one_gpu_test.cpp; `crate::group::selftest::SelfTestInjection`
+    /// reads it). Unset or empty: none.
+    pub selftest_fault: Option<String>,
     /// Values that were set but not understood, one line each (logged once, then ignored).
     pub problems: Vec<String>,
 }
@@ -91,10 +78,8 @@ impl Config {
             }
             Some(value.trim().to_owned())
         };
-        let strategy = parsed("EDGELLM_ALLREDUCE_STRATEGY", "one of NCCL, ONESHOT, TWOSHOT, LAMPORT, AUTO", &|v| {
-            parse_requested(v).is_some()
-        })
-        .and_then(|v| parse_requested(&v));
+        let text = |name: &str| var(name).map(|v| v.trim().to_owned()).filter(|v| !v.is_empty());
+        let strategy = text("EDGELLM_ALLREDUCE_STRATEGY");
         let workspace_bytes = parsed("EDGELLM_ALLREDUCE_WORKSPACE_BYTES", "a byte count up to 2^40", &|v| {
             v.parse::<u64>().is_ok_and(|b| b <= MAX_WORKSPACE_BYTES)
         })
@@ -126,18 +111,7 @@ impl Config {
         // A path: any text but the empty one (which means unset, as for a shell's VAR=).
         let tuning_file =
             var("EDGELLM_ALLREDUCE_TUNING").filter(|v| !v.trim().is_empty()).map(std::path::PathBuf::from);
-        let selftest_fault = match var("EDGELLM_ALLREDUCE_TEST_SELFTEST_FAULT").filter(|v| !v.trim().is_empty()) {
-            None => None,
-            Some(v) => match SelfTestFault::parse(&v) {
-                Ok(fault) => Some(fault),
-                Err(why) => {
-                    problems.push(format!(
-                        "EDGELLM_ALLREDUCE_TEST_SELFTEST_FAULT={v} is not a fault spec ({why}): ignored"
-                    ));
-                    None
-                }
-            },
-        };
+        let selftest_fault = text("EDGELLM_ALLREDUCE_TEST_SELFTEST_FAULT");
         Config {
             strategy,
             workspace_bytes,
@@ -154,68 +128,6 @@ impl Config {
     }
 }
 
-/// Faults for the peer self-test (a test hook: [`Config::selftest_fault`]), as rank pairs; the
-/// self-test applies each rank's share (`crate::group::selftest::SelfTestInjection`).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub(crate) struct SelfTestFault {
-    /// `drop:A>B`: rank A does not write its token into rank B's workspace.
-    pub drop_writes: Vec<(i32, i32)>,
-    /// `garble:A>B`: rank A writes a wrong token into rank B's workspace.
-    pub garble_writes: Vec<(i32, i32)>,
-    /// `garble-slot:R`: rank R writes a wrong token into its own slot.
-    pub garble_own_slot: Vec<i32>,
-    /// `not-launched:R`: rank R's kernel is never launched.
-    pub not_launched: Vec<i32>,
-    /// `host-wait:MS`: every rank's host waits MS milliseconds for its kernel instead of the
-    /// bound plus its grace; shorter than `EDGELLM_ALLREDUCE_SELFTEST_MS`, a kernel still runs
-    /// when its host gives up (what a peer load that never returns looks like).
-    pub host_wait_ms: Option<u64>,
-}
-
-impl SelfTestFault {
-    /// Parses a comma-separated list of `drop:A>B`, `garble:A>B`, `garble-slot:R`,
-    /// `not-launched:R` (ranks below `EAR_MAX_RANKS`, A != B), `host-wait:MS`; Err says what is wrong.
-    pub(crate) fn parse(spec: &str) -> std::result::Result<SelfTestFault, String> {
-        let rank = |v: &str| -> std::result::Result<i32, String> {
-            v.trim()
-                .parse::<i32>()
-                .ok()
-                .filter(|r| (0..EAR_MAX_RANKS as i32).contains(r))
-                .ok_or_else(|| format!("'{}' is not a rank from 0 to {}", v.trim(), EAR_MAX_RANKS - 1))
-        };
-        let pair = |v: &str| -> std::result::Result<(i32, i32), String> {
-            let (a, b) = v.split_once('>').ok_or_else(|| format!("'{}' is not a pair FROM>TO", v.trim()))?;
-            let (a, b) = (rank(a)?, rank(b)?);
-            if a == b {
-                return Err(format!("{a}>{b}: a rank's own slot is garble-slot:{a}"));
-            }
-            Ok((a, b))
-        };
-        let mut fault = SelfTestFault::default();
-        for item in spec.split(',') {
-            let (kind, value) = item.split_once(':').unwrap_or((item, ""));
-            match kind.trim() {
-                "drop" => fault.drop_writes.push(pair(value)?),
-                "garble" => fault.garble_writes.push(pair(value)?),
-                "garble-slot" => fault.garble_own_slot.push(rank(value)?),
-                "not-launched" => fault.not_launched.push(rank(value)?),
-                "host-wait" => {
-                    let ms = value.trim().parse::<u64>().ok().filter(|ms| *ms <= MAX_SELFTEST_MS);
-                    fault.host_wait_ms = Some(ms.ok_or_else(|| {
-                        format!("'{}' is not a wait in milliseconds up to {MAX_SELFTEST_MS}", value.trim())
-                    })?);
-                }
-                other => {
-                    return Err(format!(
-                        "'{other}' is not drop:A>B, garble:A>B, garble-slot:R, not-launched:R or host-wait:MS"
-                    ));
-                }
-            }
-        }
-        Ok(fault)
-    }
-}
-
 fn parse_severity(v: &str) -> Option<Severity> {
     match v {
         "error" => Some(Severity::Error),
@@ -226,21 +138,36 @@ fn parse_severity(v: &str) -> Option<Severity> {
     }
 }
 
-pub(crate) fn parse_requested(v: &str) -> Option<Requested> {
-    match v.trim().to_ascii_uppercase().as_str() {
-        "NCCL" => Some(Requested::Nccl),
-        "ONESHOT" => Some(Requested::OneShot),
-        "TWOSHOT" => Some(Requested::TwoShot),
-        "LAMPORT" => Some(Requested::Lamport),
-        "AUTO" => Some(Requested::Auto),
-        _ => None,
+impl Config {
+    /// The largest message of the custom kernels for a communicator of `nranks`.
+    pub(crate) fn max_message_bytes(&self, nranks: i32) -> u64 {
+        let default = DEFAULT_MESSAGE_BYTES.iter().find(|(n, _)| nranks <= *n).map_or(8_000_000, |d| d.1);
+        self.workspace_bytes.unwrap_or(default)
+    }
+
+    /// The grid cap asked for: `EDGELLM_ALLREDUCE_MAX_BLOCKS`, else the kernels' maximum.
+    pub(crate) fn max_blocks(&self) -> u32 {
+        self.max_blocks.unwrap_or(EAR_MAX_BLOCKS).clamp(1, EAR_MAX_BLOCKS)
+    }
+
+    /// `EDGELLM_ALLREDUCE_TIMEOUT_MS` in nanoseconds (0: no bound), at most 2^62 (146 years), so
+    /// that the kernels' deadline (the clock plus this) never wraps.
+    pub(crate) fn timeout_ns(&self) -> u64 {
+        self.timeout_ms.saturating_mul(1_000_000).min(1 << 62)
     }
 }
 
-/// The environment's configuration, read on first use.
+/// The environment's configuration, read on first use; the first reader logs, once, every value
+/// that was set but not understood, and sets the log's stderr threshold.
 pub(crate) fn get() -> &'static Config {
     static CONFIG: OnceLock<Config> = OnceLock::new();
-    CONFIG.get_or_init(|| Config::from(|name| std::env::var(name).ok()))
+    static REPORTED: std::sync::Once = std::sync::Once::new();
+    let config = CONFIG.get_or_init(|| Config::from(|name| std::env::var(name).ok()));
+    REPORTED.call_once(|| {
+        crate::log::set_stderr_level(config.log_level);
+        config.problems.iter().for_each(|p| crate::log::warning(p));
+    });
+    config
 }
 
 #[cfg(test)]
@@ -269,6 +196,7 @@ mod tests {
     fn every_knob_is_parsed() {
         let c = from(&[
             ("EDGELLM_ALLREDUCE_STRATEGY", " lamport "),
+            ("EDGELLM_ALLREDUCE_TEST_SELFTEST_FAULT", "drop:0>1 "),
             ("EDGELLM_ALLREDUCE_WORKSPACE_BYTES", "1000"),
             ("EDGELLM_ALLREDUCE_MAX_BLOCKS", "64"),
             ("EDGELLM_ALLREDUCE_EXCHANGE", "register"),
@@ -283,7 +211,8 @@ mod tests {
         assert_eq!(c.selftest_ms, 0, "0: no self-test");
         assert_eq!(from(&[("EDGELLM_ALLREDUCE_SELFTEST_MS", " 250 ")]).selftest_ms, 250);
         assert!(c.problems.is_empty(), "{:?}", c.problems);
-        assert_eq!(c.strategy, Some(Requested::Lamport));
+        assert_eq!(c.strategy.as_deref(), Some("lamport"), "understood by the strategy");
+        assert_eq!(c.selftest_fault.as_deref(), Some("drop:0>1"), "understood by the self-test");
         assert_eq!(c.workspace_bytes, Some(1008), "rounded up to 16 bytes");
         assert_eq!(c.max_blocks, Some(64));
         assert!(c.exchange_at_register && !c.pdl);
@@ -293,7 +222,6 @@ mod tests {
     #[test]
     fn values_not_understood_are_reported_by_name_and_ignored() {
         let bad = [
-            ("EDGELLM_ALLREDUCE_STRATEGY", "XYZ"),
             ("EDGELLM_ALLREDUCE_WORKSPACE_BYTES", "garbage"),
             ("EDGELLM_ALLREDUCE_MAX_BLOCKS", "abc"),
             ("EDGELLM_ALLREDUCE_TIMEOUT_MS", "-5"),
@@ -328,53 +256,20 @@ mod tests {
     }
 
     #[test]
-    fn the_selftest_fault_hook_parses_every_kind() {
-        let c = from(&[(
-            "EDGELLM_ALLREDUCE_TEST_SELFTEST_FAULT",
-            "drop:0>1, garble:2>3,garble-slot:1,not-launched:3,drop:15>0,host-wait:25",
-        )]);
-        assert!(c.problems.is_empty(), "{:?}", c.problems);
+    fn defaults_live_here() {
+        let c = from(&[]);
         assert_eq!(
-            c.selftest_fault,
-            Some(SelfTestFault {
-                drop_writes: vec![(0, 1), (15, 0)],
-                garble_writes: vec![(2, 3)],
-                garble_own_slot: vec![1],
-                not_launched: vec![3],
-                host_wait_ms: Some(25),
-            })
+            (c.max_message_bytes(2), c.max_message_bytes(4), c.max_message_bytes(16)),
+            (16_000_000, 8_000_000, 8_000_000)
         );
-        assert_eq!(SelfTestFault::parse(" not-launched : 1 ").map(|f| f.not_launched), Ok(vec![1]));
-    }
-
-    #[test]
-    fn a_malformed_selftest_fault_is_one_problem_and_no_injection() {
-        for bad in [
-            "drop",
-            "drop:0",
-            "drop:0>",
-            "drop:0>0",
-            "drop:0>16",
-            "drop:-1>0",
-            "garble:a>b",
-            "not-launched:",
-            "lose:0>1",
-            "drop:0>1,",
-        ] {
-            let c = from(&[("EDGELLM_ALLREDUCE_TEST_SELFTEST_FAULT", bad)]);
-            assert_eq!(c.selftest_fault, None, "{bad}");
-            assert_eq!(c.problems.len(), 1, "{bad}: {:?}", c.problems);
-            assert!(c.problems[0]
-                .starts_with(&format!("EDGELLM_ALLREDUCE_TEST_SELFTEST_FAULT={bad} is not a fault spec (")));
-        }
-    }
-
-    #[test]
-    fn strategy_names_parse() {
-        assert_eq!(parse_requested("oneshot"), Some(Requested::OneShot));
-        assert_eq!(parse_requested(" NCCL "), Some(Requested::Nccl));
-        assert_eq!(parse_requested("lamport"), Some(Requested::Lamport));
-        assert_eq!(parse_requested("fast"), None);
+        assert_eq!(c.max_blocks(), EAR_MAX_BLOCKS);
+        assert_eq!(c.timeout_ns(), 10_000_000_000);
+        let c = from(&[
+            ("EDGELLM_ALLREDUCE_WORKSPACE_BYTES", "1000"),
+            ("EDGELLM_ALLREDUCE_TIMEOUT_MS", "18446744073709551615"),
+        ]);
+        assert_eq!(c.max_message_bytes(2), 1008);
+        assert_eq!(c.timeout_ns(), 1 << 62, "the deadline never wraps");
     }
 
     impl Config {

@@ -32,12 +32,14 @@ pub const EAR_PROTOCOL_ID: u32 = 0x4541_5239;
 /// its output is its input); other kernels ignore the flag. Each rank sets it for itself: a
 /// peer learns it in-kernel, per call (`kernels/sync.cuh`, `cta_barrier_sharing`). Read only
 /// together with [`EAR_CALL_POINTERS`].
+#[allow(dead_code)] // ear_plan_of sets it, the kernels read it
 pub const EAR_CALL_INPUT_SHARED: u32 = 1;
 
 /// `EarAllReduceParams::flags`: the ranks of this call tell each other where to read their
 /// inputs (4+ rank one-shot and two-shot, sm_90 or newer). Set on EVERY rank of a call or on
 /// none (the host sets it for groups that live in one process, on devices that all have the
 /// 16-byte atomics): a rank that exchanges waits for pointers its peers never write.
+#[allow(dead_code)] // ear_plan_of sets it, the kernels read it
 pub const EAR_CALL_POINTERS: u32 = 2;
 
 /// Fault codes: what a kernel writes into its fault word (`EarAllReduceParams::fault`, as
@@ -75,16 +77,102 @@ pub const EAR_FUSED_MAX_THREADS: u32 = 512;
 pub const EAR_FAMILY_ONESHOT: i32 = 0;
 pub const EAR_FAMILY_TWOSHOT: i32 = 1;
 pub const EAR_FAMILY_LAMPORT: i32 = 2;
+#[allow(dead_code)] // ear_norm_plan_of sets it
 pub const EAR_FAMILY_NORM: i32 = 3;
 
 /// `EarPlan::op`: the sum alone, or the fused residual (+ bias) + RMSNorm after it.
 pub const EAR_OP_ALLREDUCE: i32 = 0;
 pub const EAR_OP_RESIDUAL_RMSNORM: i32 = 1;
 
+/// How a family's plain calls size their grid and block (`ear_plan_of`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EarGridRule {
+    /// One thread per 16-byte vector of the message, [`EAR_BLOCK_THREADS`] per CTA (`EAR_GRID`).
+    Vecs,
+    /// As `Vecs` over one rank's segment of the message (ceil(vecs / nranks) vectors).
+    Segments,
+    /// `EAR_LAMPORT_GRID` CTAs of `EAR_LAMPORT_BLOCK` threads (128..512).
+    Lamport,
+}
+
+/// How a family's fused calls size their grid (the block is `EAR_FUSED_BLOCK` for all).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EarFusedGridRule {
+    /// One CTA per token row (`EAR_FUSED_GRID`).
+    Rows,
+    /// Enough CTAs to push every vector once, at least one per row (`ear_fused_lamport_grid_of`).
+    Lamport,
+}
+
+/// The largest plain message of a family in a workspace made for `m` bytes (`ear_max_msg_of`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EarCapacityRule {
+    /// `m` itself.
+    Workspace,
+    /// `EAR_LAMPORT_MAX_MSG(m)`: the Lamport rows are capped at 2 MiB.
+    Lamport,
+}
+
+/// Which fused calls fit a family's part of the workspace (`ear_fused_fits_of`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EarFusedFitRule {
+    Oneshot,
+    Twoshot,
+    Lamport,
+}
+
+/// Which `EAR_CALL_*` flags a family's plain kernels read (`ear_plan_of`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EarFlagsRule {
+    /// None: its kernels ignore the flags.
+    None,
+    /// [`EAR_CALL_POINTERS`] in groups that exchange pointers, and [`EAR_CALL_INPUT_SHARED`]
+    /// where peers reach the input, unless the call is in place (the kernel writes its output
+    /// while peers may still read its input).
+    PointersOutOfPlace,
+    /// The same, in place too (peers read the input before the kernel writes outside its own
+    /// segment).
+    PointersAlways,
+}
+
+/// A family's launch rules: what `ear_plan_of` and the fit checks need of it. The Rust core
+/// describes each family once (`crate::launch::family`) and hands its rule to C; C knows the rule
+/// kinds, never the families.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EarRule {
+    pub grid: EarGridRule,
+    pub fused_grid: EarFusedGridRule,
+    pub capacity: EarCapacityRule,
+    pub fused_fit: EarFusedFitRule,
+    pub flags: EarFlagsRule,
+}
+
+/// What a rank knows of one plain call besides its size, for its flags (`ear_plan_of`); each
+/// field 0 or 1.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EarCallFacts {
+    /// The group tells its ranks where their inputs are (`EAR_CALL_POINTERS`): it lives in one
+    /// process, has 4+ ranks, and every rank's kernels and links have the 16-byte atomics.
+    pub exchanges_pointers: u8,
+    /// Output and input are the same buffer.
+    pub in_place: u8,
+    /// Every peer's device reaches this rank's input where it lies.
+    pub input_reachable: u8,
+    pub reserved: u8,
+}
+
 /// One rank's launch of one call, from the one rule `ear_plan_of` (`kernels/allreduce_params.h`)
 /// that the library and the kernel simulations share: which kernel (family and op; the type and
 /// rank count pick its instance), its grid and block (the same on every rank), and the
-/// `EAR_CALL_*` flags of its parameter block.
+/// `EAR_CALL_*` flags of its parameter block (from the family's [`EarFlagsRule`] and the call's
+/// [`EarCallFacts`]).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct EarPlan {

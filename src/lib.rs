@@ -64,6 +64,9 @@ pub use launch::strategy::{builtin_tables, AutoTables, FusedChoice, NARROW_ROW};
 pub use launch::strategy::{choose, Call, Path, Requested};
 /// The tuning file's format: `edgellm-allreduce-bench tune` writes it, AUTO reads it.
 pub mod tuning {
+    /// The file this process loaded (the integration tests' hook).
+    #[cfg(feature = "test-hooks")]
+    pub use crate::launch::tuning::{active, active_fingerprint};
     pub use crate::launch::tuning::{
         library_id, Gpu, Machine, RowWidth, Section, SectionKey, TunedOp, Tuning, FILE_NAME,
     };
@@ -74,11 +77,3 @@ pub use nccl::dtype_code as nccl_dtype_code;
 pub use plugin::fields::{FusionOp, PluginConfig};
 pub use plugin::{requested, PluginCore};
 pub use tensor::{DataType, TensorDesc};
-
-/// The configuration (`crate::config`), what could not be parsed logged once.
-pub(crate) fn config() -> &'static config::Config {
-    static REPORTED: std::sync::Once = std::sync::Once::new();
-    let config = config::get();
-    REPORTED.call_once(|| config.problems.iter().for_each(|p| log::warning(p)));
-    config
-}

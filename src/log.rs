@@ -1,6 +1,8 @@
 //! Logging: through the TensorRT logger when the process gave us one (`initEdgellmPlugins`,
 //! `setLoggerFinder`; the C++ side knows the TensorRT 10/11 layouts), else to stderr, filtered by
-//! `EDGELLM_ALLREDUCE_LOG_LEVEL` (error, warning, info, verbose; default warning; `crate::config`).
+//! `EDGELLM_ALLREDUCE_LOG_LEVEL` (error, warning, info, verbose; default warning), which
+//! `crate::config` sets here when it is first read ([`set_stderr_level`]: this leaf reads no
+//! configuration).
 //! Errors, warnings and info lines that repeat are counted, not repeated: a runtime that retries
 //! a failing call in a loop, or registers and unregisters in one, gets a kind's first nine
 //! lines, then one with the count at the 10th, 100th, ... The state is bounded whatever is
@@ -8,10 +10,28 @@
 //! line longer than [`MAX_LINE`] bytes (a 1 MiB field name quoted in an error) is cut, with
 //! its length said.
 
-pub(crate) use crate::config::Severity;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::Mutex;
+
+/// TensorRT's `ILogger::Severity` values; the stderr threshold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[repr(i32)]
+pub(crate) enum Severity {
+    Error = 1,
+    Warning = 2,
+    Info = 3,
+    Verbose = 4,
+}
+
+/// The most verbose severity written to stderr.
+static STDERR_LEVEL: AtomicI32 = AtomicI32::new(Severity::Warning as i32);
+
+/// Sets the stderr threshold (`EDGELLM_ALLREDUCE_LOG_LEVEL`).
+pub(crate) fn set_stderr_level(level: Severity) {
+    STDERR_LEVEL.store(level as i32, Ordering::Relaxed);
+}
 
 /// Where lines go before stderr: the TensorRT logger, installed by the bridge when the library
 /// is loaded (`crate::api::bridge`); it returns false when the process gave no logger. A sink
@@ -33,7 +53,7 @@ pub(crate) fn log(severity: Severity, message: &str) {
     let Some(message) = (if severity <= Severity::Info { counted(&message) } else { Some(message) }) else { return };
     let line = format!("[edgellm-allreduce] {message}");
     let delivered = SINK.get().is_some_and(|sink| sink(severity, &line));
-    if !delivered && severity <= crate::config::get().log_level {
+    if !delivered && severity as i32 <= STDERR_LEVEL.load(Ordering::Relaxed) {
         // Not eprintln!: it panics when stderr is closed, and logging must never panic.
         use std::io::Write;
         let _ = writeln!(std::io::stderr(), "{line}");

@@ -96,7 +96,10 @@ fn loads_and_uses_it() {
     assert_eq!(chosen.path, Path::Nccl);
     assert_eq!(chosen.fallback, None, "NCCL by the file's choice, not as a fallback");
     // A strategy asked for by name is not AUTO's: the file does not change it.
-    assert_eq!(choose(Requested::Lamport, &plain(2, SMALL), Some(&two)).path, Path::Custom(Family::Lamport));
+    assert_eq!(
+        choose(Requested::Family(Family::Lamport), &plain(2, SMALL), Some(&two)).path,
+        Path::Custom(Family::Lamport)
+    );
     drop(two);
 
     // No section for 4 ranks in the file: the built-in table's choice.

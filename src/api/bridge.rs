@@ -140,7 +140,7 @@ pub(crate) fn overlay_load(preloaded_library: &str) -> usize {
     // The library is being loaded: the environment is read now, and what it sets but does not
     // make sense is said now, also in a process that only builds engines (no all-reduce runs).
     guard_or("reading the EDGELLM_ALLREDUCE_* settings", (), || {
-        crate::config();
+        crate::config::get();
     });
     let preloaded = (!preloaded_library.is_empty()).then(|| std::path::Path::new(preloaded_library));
     guard_or("loading Edge-LLM's plugin library", 0, || overlay::load(preloaded).map_or(0, |b| b.address))

@@ -11,13 +11,13 @@
 //! so none waits forever ([`exchange`]). The gathers run in the device's setup scratch
 //! (`crate::cuda::SetupScratch`: never freed, read after whatever the NCCL queued).
 
-use crate::config::Requested;
 use crate::contract::{EAR_MAX_BLOCKS, EAR_PROTOCOL_ID};
 use crate::cuda::{self, IpcMapping};
 use crate::error::{Error, Result};
 use crate::group::device::Registration;
 use crate::group::selftest::{self, RankVerdict, SelfTestInjection, VERDICT_BYTES};
 use crate::group::{self, Group, Member};
+use crate::launch::strategy::Requested;
 use crate::link::{self, LinkClass, PairFacts};
 use crate::nccl::communicator::{self, CommInfo};
 
@@ -26,8 +26,8 @@ use crate::nccl::communicator::{self, CommInfo};
 /// alone.)
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Settings {
-    /// `EDGELLM_ALLREDUCE_STRATEGY` (it overrides every plugin's field): 0 unset, else
-    /// 1 + the strategy's position in [`STRATEGIES`].
+    /// `EDGELLM_ALLREDUCE_STRATEGY` (it overrides every plugin's field): 0 unset, else its
+    /// `Requested::code`.
     pub strategy: u32,
     /// The largest message the workspaces take (`EDGELLM_ALLREDUCE_WORKSPACE_BYTES`, else the
     /// rule): it decides which calls fit the custom kernels.
@@ -40,22 +40,18 @@ pub(crate) struct Settings {
     pub tuning: u64,
 }
 
-const STRATEGIES: [Requested; 5] =
-    [Requested::Nccl, Requested::OneShot, Requested::TwoShot, Requested::Lamport, Requested::Auto];
-
 impl Settings {
     /// This process's settings for a communicator of `nranks`.
     pub(crate) fn local(nranks: i32) -> Settings {
-        let strategy =
-            crate::config().strategy.and_then(|s| STRATEGIES.iter().position(|&k| k == s)).map_or(0, |i| i as u32 + 1);
+        let strategy = Requested::configured().map_or(0, Requested::code);
         let tuning = crate::launch::tuning::active_fingerprint();
         Settings { strategy, max_bytes: group::max_message_bytes(nranks), tables: tables_fingerprint(tuning), tuning }
     }
 
     fn strategy_name(&self) -> String {
-        match self.strategy.checked_sub(1).and_then(|i| STRATEGIES.get(i as usize)) {
+        match Requested::from_code(self.strategy) {
             None => "unset".to_owned(),
-            Some(s) => format!("{s:?}").to_uppercase(),
+            Some(s) => s.name(),
         }
     }
 }

@@ -14,14 +14,13 @@
 
 use super::device::{self, forget, install, Registration};
 use super::{exchange, Group};
-use crate::config::Requested;
 use crate::launch::family::{self, RANK_COUNTS};
 use crate::nccl::communicator::{self, CommInfo};
 use std::sync::Arc;
 
 /// Whether the custom kernels are switched off for the whole process.
 fn custom_disabled() -> bool {
-    crate::config().strategy == Some(Requested::Nccl)
+    crate::launch::strategy::Requested::configured() == Some(crate::launch::strategy::Requested::Nccl)
 }
 
 /// After `device` registered `registration`: forms the group of its communicator if every rank
@@ -67,7 +66,7 @@ pub(crate) fn on_register(device: i32, registration: Registration, explicit: boo
         // the exchange too, so that its peers learn it and use NCCL with it.
         let elsewhere = explicit
             || crate::cuda::device_count().is_ok_and(|n| n < info.nranks)
-            || crate::config().exchange_at_register;
+            || crate::config::get().exchange_at_register;
         if elsewhere {
             install_exchanged(device, &registration, info);
         } else {

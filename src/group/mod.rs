@@ -28,7 +28,7 @@ pub(crate) mod reclaim;
 pub(crate) mod run;
 pub(crate) mod selftest;
 
-use crate::contract::{EAR_FAULT_RELEASED, EAR_MAX_BLOCKS, EAR_MAX_RANKS};
+use crate::contract::{EAR_FAULT_RELEASED, EAR_MAX_RANKS};
 use crate::cuda::{self, DeviceBuffer, DevicePtr, IpcMapping, Stream};
 use crate::error::{Error, Result};
 use crate::launch::family::{self, RANK_COUNTS};
@@ -38,24 +38,18 @@ use fault::Fault;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-/// The seed's `getMaxRequiredWorkspaceSize`: the largest message the custom kernels take, per
-/// rank count (16 MB up to 2 ranks, 8 MB above); `EDGELLM_ALLREDUCE_WORKSPACE_BYTES` overrides.
+/// The largest message the custom kernels take for a communicator of `nranks`
+/// (`crate::config`: `EDGELLM_ALLREDUCE_WORKSPACE_BYTES`, else the seed's rule).
 pub fn max_message_bytes(nranks: i32) -> u64 {
-    crate::config().workspace_bytes.unwrap_or(if nranks <= 2 { 16_000_000 } else { 8_000_000 })
+    crate::config::get().max_message_bytes(nranks)
 }
 
-/// The grid cap: `EDGELLM_ALLREDUCE_MAX_BLOCKS`, else 128 (the kernels' maximum), never more
-/// than the SM count of a rank's GPU (all CTAs must be co-resident). On 2 x H200, 128 against 64
-/// took the two-shot from 241 to 214 us at 64 MiB and Lamport from 6.5 to 5.7 us at 1 MiB
-/// (docs/PERFORMANCE.md).
+/// The grid cap (`crate::config`: `EDGELLM_ALLREDUCE_MAX_BLOCKS`, else the kernels' maximum),
+/// never more than the SM count of a rank's GPU (all CTAs must be co-resident). On 2 x H200, 128
+/// against 64 took the two-shot from 241 to 214 us at 64 MiB and Lamport from 6.5 to 5.7 us at
+/// 1 MiB (docs/PERFORMANCE.md).
 fn max_blocks(sms: u32) -> u32 {
-    crate::config().max_blocks.unwrap_or(EAR_MAX_BLOCKS).clamp(1, EAR_MAX_BLOCKS).min(sms.max(1))
-}
-
-/// `EDGELLM_ALLREDUCE_TIMEOUT_MS` in nanoseconds: the longest a kernel waits for a peer; at most
-/// 2^62 (146 years), so that the kernels' deadline (the clock plus this) never wraps.
-fn timeout_ns() -> u64 {
-    crate::config().timeout_ms.saturating_mul(1_000_000).min(1 << 62)
+    crate::config::get().max_blocks().min(sms.max(1))
 }
 
 /// The grid cap of a rank on `device`.
@@ -156,7 +150,7 @@ impl Group {
             nranks,
             max_bytes,
             max_blocks,
-            timeout_ns: timeout_ns(),
+            timeout_ns: crate::config::get().timeout_ns(),
             generation: GENERATIONS.fetch_add(1, Ordering::Relaxed) + 1,
             retired: AtomicBool::new(false),
             wedged: AtomicBool::new(false),

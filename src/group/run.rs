@@ -1,16 +1,18 @@
-//! One call on one rank, decided once and then launched: [`plan_call`] gives a [`CallPlan`]
-//! (the path and why, the family's kernel with its grid, block and flags, the norm kernel after
-//! a plain sum) and [`CallPlan::run`] launches it. [`Group::plan`] and [`Group::run`] are the
-//! group's part; the plugin's enqueue (`crate::plugin`) does nothing else.
+//! One call on one rank: [`plan_call`] gathers what the rank knows (its device's registration
+//! and group, a fault since the last call, the stream's claim on the rank, where the input
+//! lies), asks `crate::launch::plan::plan` for the call's whole plan, and resolves its kernels
+//! into launches ([`CallPlan`]); [`CallPlan::run`] executes it. The plugin's enqueue
+//! (`crate::plugin`) does nothing else.
 
 use super::{device, Group};
-use crate::contract::EarAllReduceParams;
-use crate::cuda::{self, DevicePtr, Function, Stream};
+use crate::contract::{EarAllReduceParams, EarCallFacts, EarPlan};
+use crate::cuda::{self, DevicePtr, Stream};
 use crate::error::{Error, Result};
 use crate::launch::family::{self, Family, Op};
 use crate::launch::kernels::DeviceKernels;
-use crate::launch::plan::{self, Plan};
-use crate::launch::strategy::{self, Call, Decision, Fallback, Path, Requested};
+use crate::launch::launcher::Launch;
+use crate::launch::plan::{self, Facts};
+use crate::launch::strategy::{Call, Decision, Requested};
 use crate::launch::{Fits, FusedCall, Message};
 use crate::link::LinkClass;
 use crate::nccl::{self, Registration};
@@ -37,30 +39,22 @@ impl Tensors {
     }
 }
 
-/// A kernel launch of one rank: the function, its plan, and whether it may start early
-/// (programmatic dependent launch: the device's kernels say).
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Launch {
-    function: Function,
-    plan: Plan,
-    pdl: bool,
-}
-
-/// One rank's finished plan of one call.
+/// One rank's plan of one call, its kernels resolved.
 pub(crate) struct CallPlan {
     pub(crate) decision: Decision,
     dtype: DataType,
     registration: Registration,
-    /// The group and this device's rank in it, with the family's kernel (`Custom`, `Split`).
-    kernel: Option<(Arc<Group>, i32, Launch)>,
-    /// The fused op after a plain sum (`Split`, NCCL): the residual + RMSNorm kernel runs on
+    /// The family's kernel, on the group and this device's rank in it (`Custom`, `Split`).
+    kernel: Option<(Arc<Group>, i32, Launch, EarPlan)>,
+    /// The residual + RMSNorm kernel after a plain sum (the fused op on NCCL or split), on
     /// these kernels of the device (loaded at configure time).
-    norm: Option<Arc<DeviceKernels>>,
+    norm: Option<(Arc<DeviceKernels>, EarPlan)>,
 }
 
 /// Plans `call` on `device` (the current device) on `stream`: the device's registration and
 /// group in one lookup (a fault found since the last call fails the group and this call), the
-/// strategy's path, the stream's claim on the rank (another stream runs NCCL), then the kernels.
+/// plan for the facts, and, when it runs the group's kernel, the stream's claim on the rank
+/// (another stream: planned again, NCCL).
 pub(crate) fn plan_call(
     device: i32,
     requested: Requested,
@@ -77,24 +71,34 @@ pub(crate) fn plan_call(
             return Err(Error::GroupFault { device, why: fault.describe() });
         }
     }
-    let mut decision = strategy::choose(requested, call, group.as_ref().map(|(g, _)| &**g as &dyn Fits));
-    if let (Path::Custom(_) | Path::Split(_), Some((g, rank))) = (decision.path, &group) {
+    let sm_count = match call.message.rows {
+        Some(_) => device::kernels(device)?.sm_count,
+        None => 0,
+    };
+    let facts = |stream_owns_rank| Facts {
+        group: group.as_ref().map(|(g, _)| &**g as &dyn Fits),
+        max_blocks: group.as_ref().map_or(1, |(g, _)| g.max_blocks),
+        stream_owns_rank,
+        call: group.as_ref().map_or_else(EarCallFacts::default, |(g, _)| g.call_facts(device, tensors)),
+        sm_count,
+    };
+    let tuned = crate::launch::tuning::active();
+    let mut planned = plan::plan(requested, call, &facts(true), tuned);
+    if let (Some(_), Some((g, rank))) = (planned.kernel, &group) {
         if !g.claim_stream(*rank, stream) {
-            decision = Decision { path: Path::Nccl, fallback: Some(Fallback::OtherStream), requested };
+            planned = plan::plan(requested, call, &facts(false), tuned);
         }
     }
-    let plain = Message { rows: None, ..call.message };
-    let kernel = match (decision.path, group) {
-        (Path::Custom(f), Some((g, rank))) => Some((g.plan(rank, f, call.dtype, &call.message, tensors)?, g, rank)),
-        (Path::Split(f), Some((g, rank))) => Some((g.plan(rank, f, call.dtype, &plain, tensors)?, g, rank)),
+    let kernel = match (planned.kernel, group) {
+        (Some((family, p)), Some((g, rank))) => Some((g.launch_of(rank, family, call.dtype, &p)?, g, rank, p)),
         _ => None,
     }
-    .map(|(launch, g, rank)| (g, rank, launch));
-    let norm = match (decision.path, tensors) {
-        (Path::Split(_) | Path::Nccl, Tensors::Fused(_)) => Some(device::kernels(device)?),
-        _ => None,
+    .map(|(launch, g, rank, p)| (g, rank, launch, p));
+    let norm = match planned.norm {
+        Some(p) => Some((device::kernels(device)?, p)),
+        None => None,
     };
-    Ok(CallPlan { decision, dtype: call.dtype, registration, kernel, norm })
+    Ok(CallPlan { decision: planned.decision, dtype: call.dtype, registration, kernel, norm })
 }
 
 impl CallPlan {
@@ -108,9 +112,9 @@ impl CallPlan {
     pub(crate) unsafe fn run(&self, tensors: &Tensors, stream: Stream) -> Result<()> {
         let (input, output, count) = tensors.sum_operands();
         match &self.kernel {
-            Some((group, rank, launch)) => {
+            Some((group, rank, launch, p)) => {
                 // SAFETY: the caller's contract.
-                unsafe { group.run(*rank, launch, tensors, stream)? };
+                unsafe { group.run(*rank, launch, p, tensors, stream)? };
                 group.hold_for_capture(stream)?;
             }
             // SAFETY: the runtime registered a live communicator and ncclAllReduce for this
@@ -119,7 +123,7 @@ impl CallPlan {
         }
         match (&self.norm, tensors) {
             // SAFETY: x was summed into `normed`, which the norm reads and overwrites in place.
-            (Some(kernels), Tensors::Fused(c)) => unsafe { c.launch_norm(kernels, self.dtype, c.normed, stream) },
+            (Some((kernels, p)), Tensors::Fused(c)) => unsafe { c.run_norm(kernels, self.dtype, p, c.normed, stream) },
             _ => Ok(()),
         }
     }
@@ -158,17 +162,9 @@ impl Group {
         self.serves(family, dtype, &Message { bytes, rows: None })
     }
 
-    /// Rank `rank`'s launch of `family` for `message` (a plain sum, or the fused op when it has
-    /// rows) on `tensors`: its kernel, grid and block, and call flags. Refused once the group is
+    /// Rank `rank`'s launch of `family`'s kernel planned as `p`. Refused once the group is
     /// retired or has a fault (its kernels would do nothing).
-    pub(crate) fn plan(
-        &self,
-        rank: i32,
-        family: Family,
-        dtype: DataType,
-        message: &Message,
-        tensors: &Tensors,
-    ) -> Result<Launch> {
+    pub(crate) fn launch_of(&self, rank: i32, family: Family, dtype: DataType, p: &EarPlan) -> Result<Launch> {
         let member = self.member(rank)?;
         if self.is_retired() {
             return Err(Error::Released);
@@ -176,41 +172,56 @@ impl Group {
         if let Some(fault) = self.fault() {
             return Err(Error::GroupFault { device: member.device, why: fault.describe() });
         }
-        let op = plan::op(message);
+        let op = plan::op_of(p);
         let function = member
             .kernels
             .function(family, op, dtype, self.nranks)
             .ok_or_else(|| Error::NoKernel(family::kernel_name(family, op, dtype, self.nranks)))?;
-        let mut plan = plan::kernel(family, dtype, message, self.nranks, self.max_blocks);
-        if op == Op::AllReduce {
-            let (input, output, _) = tensors.sum_operands();
-            let (device, one_device) = (member.device, self.one_device());
-            plan.flags = plan::call_flags(family, self.exchanges_pointers(), input == output, || {
-                plan::peers_reach(device, one_device, cuda::device_memory(input))
-            });
-        }
-        Ok(Launch { function, plan, pdl: member.kernels.pdl })
+        Ok(Launch::planned(function, p, member.kernels.pdl))
     }
 
-    /// Launches rank `rank`'s planned kernel on `tensors`.
+    /// What the flags of rank `rank`'s plain sum on `tensors` depend on (on `device`): whether the
+    /// group exchanges pointers, and then whether the sum is in place and its input where peers
+    /// reach it (asked of the driver only then).
+    fn call_facts(&self, device: i32, tensors: &Tensors) -> EarCallFacts {
+        if !self.exchanges_pointers() {
+            return EarCallFacts::default();
+        }
+        let (input, output, _) = tensors.sum_operands();
+        let reachable = plan::peers_reach(device, self.one_device(), cuda::device_memory(input));
+        EarCallFacts {
+            exchanges_pointers: 1,
+            in_place: (input == output) as u8,
+            input_reachable: reachable as u8,
+            reserved: 0,
+        }
+    }
+
+    /// Launches rank `rank`'s kernel, planned as `p`, on `tensors`.
     ///
     /// # Safety
-    /// As [`CallPlan::run`]; `launch` is this group's plan for these tensors.
-    pub(crate) unsafe fn run(&self, rank: i32, launch: &Launch, tensors: &Tensors, stream: Stream) -> Result<()> {
+    /// As [`CallPlan::run`]; `launch` and `p` are this group's plan for these tensors.
+    pub(crate) unsafe fn run(
+        &self,
+        rank: i32,
+        launch: &Launch,
+        p: &EarPlan,
+        tensors: &Tensors,
+        stream: Stream,
+    ) -> Result<()> {
         let (input, output, count) = tensors.sum_operands();
-        let Launch { function, plan, pdl } = *launch;
         match tensors {
             // The fused kernels read ar.input (x) and write normed and residual_out themselves.
-            Tensors::Fused(c) if plan.op != crate::contract::EAR_OP_ALLREDUCE => {
-                let ar = self.params(rank, input, DevicePtr::NULL, count, plan.flags)?;
+            Tensors::Fused(c) if plan::op_of(p) == Op::ResidualRmsNorm => {
+                let ar = self.params(rank, input, DevicePtr::NULL, count, p.flags)?;
                 // SAFETY: the caller's buffers; the workspaces and state block are the group's,
                 // alive while `self` is.
-                unsafe { cuda::launch(function, plan.grid, plan.block, stream, &c.params(ar), pdl) }
+                unsafe { launch.run(&c.params(ar), stream) }
             }
             _ => {
-                let ar = self.params(rank, input, output, count, plan.flags)?;
+                let ar = self.params(rank, input, output, count, p.flags)?;
                 // SAFETY: as above.
-                unsafe { cuda::launch(function, plan.grid, plan.block, stream, &ar, pdl) }
+                unsafe { launch.run(&ar, stream) }
             }
         }
     }
@@ -254,7 +265,7 @@ impl Group {
     }
 
     /// Enqueues rank `rank`'s part of one all-reduce on `stream` (a stream of that rank's
-    /// device): [`Group::plan`] then [`Group::run`] (benchmarks and tests).
+    /// device), planned as the library plans it (benchmarks and tests).
     ///
     /// # Safety
     /// `input` and `output` must be 16-byte aligned device buffers of `count` elements on the
@@ -272,15 +283,9 @@ impl Group {
         stream: Stream,
     ) -> Result<()> {
         let tensors = Tensors::Sum { input, output, count: count as u64 };
-        let launch = self.plan(
-            rank,
-            family,
-            dtype,
-            &Message { bytes: count as u64 * dtype.size() as u64, rows: None },
-            &tensors,
-        )?;
+        let message = Message { bytes: count as u64 * dtype.size() as u64, rows: None };
         // SAFETY: the caller's contract.
-        unsafe { self.run(rank, &launch, &tensors, stream) }
+        unsafe { self.launch_message(rank, family, dtype, &message, &tensors, stream) }
     }
 
     /// Enqueues rank `rank`'s part of one fused all-reduce + residual + RMSNorm.
@@ -300,8 +305,28 @@ impl Group {
             bytes: call.tokens * call.hidden as u64 * dtype.size() as u64,
             rows: Some((call.tokens, call.hidden)),
         };
-        let launch = self.plan(rank, family, dtype, &message, &tensors)?;
         // SAFETY: the caller's contract.
-        unsafe { self.run(rank, &launch, &tensors, stream) }
+        unsafe { self.launch_message(rank, family, dtype, &message, &tensors, stream) }
+    }
+
+    /// [`Group::launch`] and [`Group::launch_fused`]: `family`'s kernel for `message` on
+    /// `tensors`, planned by the library's rule.
+    ///
+    /// # Safety
+    /// As [`Group::launch`].
+    unsafe fn launch_message(
+        &self,
+        rank: i32,
+        family: Family,
+        dtype: DataType,
+        message: &Message,
+        tensors: &Tensors,
+        stream: Stream,
+    ) -> Result<()> {
+        let device = self.member(rank)?.device;
+        let p = plan::kernel(family, dtype, message, self.nranks, self.max_blocks, self.call_facts(device, tensors));
+        let launch = self.launch_of(rank, family, dtype, &p)?;
+        // SAFETY: the caller's contract.
+        unsafe { self.run(rank, &launch, &p, tensors, stream) }
     }
 }

@@ -68,7 +68,7 @@ impl Bounds {
 
     /// `EDGELLM_ALLREDUCE_SELFTEST_MS`; None when it is 0 (no self-test: unsafe).
     pub(crate) fn configured() -> Option<Bounds> {
-        let ms = crate::config().selftest_ms;
+        let ms = crate::config::get().selftest_ms;
         (ms > 0).then(|| Bounds::new(Duration::from_millis(ms)))
     }
 

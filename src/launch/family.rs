@@ -1,9 +1,19 @@
-//! The kernel families, each described once: its kernels' names and how they synchronise, which
-//! messages it takes (fits), and its grid and block. The rules are the macros of
-//! `kernels/allreduce_params.h`, called through `kernels/layout.c`, so Rust and CUDA read one
-//! definition; the constants and parameter blocks are `crate::contract`'s.
+//! The kernel families, each described once ([`Family::describe`]): its name (in settings,
+//! tuning files and logs), its kernels and how they move data, its launch rules, and the files
+//! that define its kernels. Everything else derives from the description: the strategies a user
+//! may ask for (`crate::launch::strategy::Requested`), the tuning file's words, the exchange
+//! record's code, the kernels the loader asks for, and `kernels/ear_families.h`, from which the
+//! kernel simulations build their tables (a test below checks it is fresh). The rules are kinds
+//! the C side knows (`crate::contract::EarRule`): `ear_plan_of` in `kernels/allreduce_params.h`,
+//! called through `kernels/layout.c`, switches on them and never on a family.
+//!
+//! Adding a family: its kernel file(s), its variant and description here, its tests, its line in
+//! docs/KERNELS.md.
 
-use crate::contract::{EAR_FAMILY_LAMPORT, EAR_FAMILY_ONESHOT, EAR_FAMILY_TWOSHOT};
+use crate::contract::{
+    EarCapacityRule, EarFlagsRule, EarFusedFitRule, EarFusedGridRule, EarGridRule, EarRule, EAR_FAMILY_LAMPORT,
+    EAR_FAMILY_ONESHOT, EAR_FAMILY_TWOSHOT,
+};
 use crate::tensor::DataType;
 
 /// Rank counts the kernels are instantiated for (`EAR_FOR_EACH_RANK_COUNT`: a test checks).
@@ -35,49 +45,149 @@ pub enum Op {
     ResidualRmsNorm,
 }
 
+/// How a kernel moves its data between ranks: over PCIe, peer writes are posted and reads are
+/// not, and some platforms complete only the writes (`crate::launch::tables`' PCIe model).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transport {
+    /// Stores into its peers' memory, polls only its own.
+    Push,
+    /// Loads from its peers' memory.
+    Pull,
+}
+
+/// One family, described once.
+#[derive(Debug)]
+pub(crate) struct Description {
+    /// Its name in settings (`EDGELLM_ALLREDUCE_STRATEGY`, case-insensitive), tuning files and logs.
+    pub name: &'static str,
+    /// `EarPlan::family` (`EAR_FAMILY_*`), also its code in the exchange record.
+    pub id: i32,
+    /// Stems of its plain kernels at 2 ranks and at 4 and more (`ear_<stem>_<t>_n<N>`).
+    pub plain: [&'static str; 2],
+    /// Stem of its fused all-reduce + residual + RMSNorm kernel.
+    pub fused: &'static str,
+    /// How the plain kernels at 2 ranks, at 4 and more, and the fused kernel move data.
+    pub transport: [Transport; 3],
+    /// Its launch rules, as `ear_plan_of` and the fit checks read them.
+    pub rule: EarRule,
+    /// The files of `kernels/` that define its kernels (the simulations include them, through
+    /// `kernels/ear_families.h`, which the tests write).
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub sources: &'static [&'static str],
+}
+
+const ONESHOT: Description = Description {
+    name: "oneshot",
+    id: EAR_FAMILY_ONESHOT,
+    // Stage, one flag barrier, pull (oneshot.cu); the fused: one barrier (oneshot_norm.cu).
+    plain: ["oneshot_barrier", "oneshot_barrier"],
+    fused: "oneshot_barrier_norm",
+    transport: [Transport::Pull, Transport::Pull, Transport::Pull],
+    rule: EarRule {
+        grid: EarGridRule::Vecs,
+        fused_grid: EarFusedGridRule::Rows,
+        capacity: EarCapacityRule::Workspace,
+        fused_fit: EarFusedFitRule::Oneshot,
+        flags: EarFlagsRule::PointersOutOfPlace,
+    },
+    sources: &["oneshot", "oneshot_norm"],
+};
+
+const TWOSHOT: Description = Description {
+    name: "twoshot",
+    id: EAR_FAMILY_TWOSHOT,
+    // 2 ranks: data polled like Lamport's, above 8 MiB paced by per-chunk flags (twoshot.cu);
+    // 4 and more: a local copy (or the input read in place), pulled between two flag barriers
+    // (twoshot_wide.cu); the fused: pushed slices between two barriers (twoshot_norm.cu).
+    plain: ["twoshot_polled", "twoshot_barrier"],
+    fused: "twoshot_barrier_norm",
+    transport: [Transport::Push, Transport::Pull, Transport::Push],
+    rule: EarRule {
+        grid: EarGridRule::Segments,
+        fused_grid: EarFusedGridRule::Rows,
+        capacity: EarCapacityRule::Workspace,
+        fused_fit: EarFusedFitRule::Twoshot,
+        flags: EarFlagsRule::PointersAlways,
+    },
+    sources: &["twoshot", "twoshot_wide", "twoshot_norm"],
+};
+
+const LAMPORT: Description = Description {
+    name: "lamport",
+    id: EAR_FAMILY_LAMPORT,
+    // Push, the payload its own flag: no barrier (lamport.cu, lamport_norm.cu).
+    plain: ["oneshot_lamport", "oneshot_lamport"],
+    fused: "oneshot_lamport_norm",
+    transport: [Transport::Push, Transport::Push, Transport::Push],
+    rule: EarRule {
+        grid: EarGridRule::Lamport,
+        fused_grid: EarFusedGridRule::Lamport,
+        capacity: EarCapacityRule::Lamport,
+        fused_fit: EarFusedFitRule::Lamport,
+        flags: EarFlagsRule::None,
+    },
+    sources: &["lamport", "lamport_norm"],
+};
+
 impl Family {
     pub const ALL: [Family; 3] = [Family::OneShot, Family::TwoShot, Family::Lamport];
 
-    /// The stem of the family's kernel names for `nranks` ranks, `<algorithm>_<sync>[_norm]`:
-    /// `ear_<stem>_<t>_n<N>` (the `EAR_DEFINE_*KERNEL` lines at the end of its `.cu`).
-    pub(crate) fn stem(self, op: Op, nranks: i32) -> &'static str {
-        match (self, op) {
-            // Stage, one flag barrier, pull (oneshot.cu).
-            (Family::OneShot, Op::AllReduce) => "oneshot_barrier",
-            // Data polled like Lamport's, above 8 MiB paced by per-chunk flags (twoshot.cu).
-            (Family::TwoShot, Op::AllReduce) if nranks <= 2 => "twoshot_polled",
-            // Local copy (or the input read in place), pull between two flag barriers (twoshot_wide.cu).
-            (Family::TwoShot, Op::AllReduce) => "twoshot_barrier",
-            // Push, the payload its own flag: no barrier (lamport.cu).
-            (Family::Lamport, Op::AllReduce) => "oneshot_lamport",
-            // The fused kernels (oneshot_norm.cu, twoshot_norm.cu, lamport_norm.cu): one barrier,
-            // two barriers, none.
-            (Family::OneShot, Op::ResidualRmsNorm) => "oneshot_barrier_norm",
-            (Family::TwoShot, Op::ResidualRmsNorm) => "twoshot_barrier_norm",
-            (Family::Lamport, Op::ResidualRmsNorm) => "oneshot_lamport_norm",
+    /// The family's description (a new variant without one does not compile).
+    pub(crate) const fn describe(self) -> &'static Description {
+        match self {
+            Family::OneShot => &ONESHOT,
+            Family::TwoShot => &TWOSHOT,
+            Family::Lamport => &LAMPORT,
         }
     }
 
-    /// Whether the family's kernel for `op` among `nranks` moves its data by writing into its
-    /// peers' memory rather than reading from it: Lamport (both ops), the 2-rank two-shot
-    /// (`twoshot_polled`: scatter and gather are pushes) and the fused two-shot (it pushes its
-    /// slices and its residual_out, twoshot_norm.cu). The one-shot and the 4+ rank two-shot pull.
-    /// Over PCIe, writes into peers can run at a fraction of reads (`crate::launch::strategy`'s PCIe model).
-    pub fn writes_into_peers(self, op: Op, nranks: i32) -> bool {
-        match (self, op) {
-            (Family::Lamport, _) => true,
-            (Family::TwoShot, Op::ResidualRmsNorm) => true,
-            (Family::TwoShot, Op::AllReduce) => nranks <= 2,
-            (Family::OneShot, _) => false,
+    /// Its name in settings, tuning files and logs ("oneshot").
+    pub fn name(self) -> &'static str {
+        self.describe().name
+    }
+
+    /// The family named `name`, in any case.
+    pub fn from_name(name: &str) -> Option<Family> {
+        Family::ALL.into_iter().find(|f| f.name().eq_ignore_ascii_case(name.trim()))
+    }
+
+    /// The family's id in the kernels' contract (`EarPlan::family`).
+    pub(crate) fn id(self) -> i32 {
+        self.describe().id
+    }
+
+    /// The family with contract id `id`.
+    pub(crate) fn from_id(id: i32) -> Option<Family> {
+        Family::ALL.into_iter().find(|f| f.id() == id)
+    }
+
+    /// The stem of the family's kernel names for `op` among `nranks` ranks.
+    pub(crate) fn stem(self, op: Op, nranks: i32) -> &'static str {
+        let d = self.describe();
+        match op {
+            Op::AllReduce => d.plain[(nranks > 2) as usize],
+            Op::ResidualRmsNorm => d.fused,
         }
+    }
+
+    /// How the family's kernel for `op` among `nranks` moves its data.
+    pub fn transport(self, op: Op, nranks: i32) -> Transport {
+        let t = self.describe().transport;
+        match op {
+            Op::AllReduce => t[(nranks > 2) as usize],
+            Op::ResidualRmsNorm => t[2],
+        }
+    }
+
+    /// Whether the family's kernel for `op` among `nranks` writes into its peers' memory.
+    pub fn writes_into_peers(self, op: Op, nranks: i32) -> bool {
+        self.transport(op, nranks) == Transport::Push
     }
 
     /// Largest plain message of this family in a workspace of `max_msg_bytes`.
     pub fn max_bytes(self, max_msg_bytes: u64) -> u64 {
-        match self {
-            Family::Lamport => lamport_max_bytes(max_msg_bytes),
-            _ => max_msg_bytes,
-        }
+        // SAFETY: pure arithmetic on the header's macros.
+        unsafe { ear_max_msg(self.describe().rule.capacity, max_msg_bytes) }
     }
 
     /// Whether a plain message of `bytes` fits the family's part of the workspace.
@@ -87,17 +197,9 @@ impl Family {
 
     /// Whether `tokens` rows of `hidden` elements of `elem` bytes fit the family's fused kernel.
     pub(crate) fn fused_fits(self, tokens: u64, hidden: u32, elem: usize, max_msg_bytes: u64, nranks: i32) -> bool {
+        let rule = self.describe().rule.fused_fit;
         // SAFETY: pure arithmetic on the header's macros.
-        unsafe { ear_fused_fits(self.id(), tokens, hidden, elem as u32, max_msg_bytes, nranks) != 0 }
-    }
-
-    /// The family's id in the kernels' contract (`EarPlan::family`).
-    pub(crate) fn id(self) -> i32 {
-        match self {
-            Family::OneShot => EAR_FAMILY_ONESHOT,
-            Family::TwoShot => EAR_FAMILY_TWOSHOT,
-            Family::Lamport => EAR_FAMILY_LAMPORT,
-        }
+        unsafe { ear_fused_fits(rule, tokens, hidden, elem as u32, max_msg_bytes, nranks) != 0 }
     }
 }
 
@@ -126,12 +228,6 @@ pub(crate) fn workspace_bytes(max_msg_bytes: u64, nranks: i32) -> u64 {
     unsafe { ear_workspace_bytes(max_msg_bytes, nranks) }
 }
 
-/// Largest message the Lamport family takes in a workspace of `max_msg_bytes`.
-pub(crate) fn lamport_max_bytes(max_msg_bytes: u64) -> u64 {
-    // SAFETY: pure arithmetic.
-    unsafe { ear_lamport_max_msg(max_msg_bytes) }
-}
-
 /// Offset of the abort word in a workspace (after the signal slots).
 pub(crate) fn abort_offset() -> u64 {
     // SAFETY: returns a constant.
@@ -146,9 +242,16 @@ pub(crate) fn state_bytes() -> usize {
 
 // kernels/layout.c: the header's macros as functions.
 extern "C" {
-    fn ear_fused_fits(family: i32, tokens: u64, hidden: u32, elem: u32, max_msg_bytes: u64, nranks: i32) -> i32;
+    fn ear_fused_fits(
+        rule: EarFusedFitRule,
+        tokens: u64,
+        hidden: u32,
+        elem: u32,
+        max_msg_bytes: u64,
+        nranks: i32,
+    ) -> i32;
     fn ear_workspace_bytes(max_msg_bytes: u64, nranks: i32) -> u64;
-    fn ear_lamport_max_msg(max_msg_bytes: u64) -> u64;
+    fn ear_max_msg(rule: EarCapacityRule, max_msg_bytes: u64) -> u64;
     fn ear_state_bytes() -> u32;
     #[cfg(test)]
     fn ear_rank_counts(out: *mut i32, cap: i32) -> i32;
@@ -207,8 +310,9 @@ mod tests {
         let large = workspace_bytes(16 << 20, 2);
         assert!(small >= 4 << 20 && large > small, "{small} {large}");
         assert!(workspace_bytes(16 << 20, 8) > large, "more ranks, more Lamport rows");
-        assert_eq!(lamport_max_bytes(16 << 20), 2 << 20);
-        assert_eq!(lamport_max_bytes(1 << 20), 1 << 20);
+        assert_eq!(Family::Lamport.max_bytes(16 << 20), 2 << 20);
+        assert_eq!(Family::Lamport.max_bytes(1 << 20), 1 << 20);
+        assert_eq!(Family::OneShot.max_bytes(16 << 20), 16 << 20);
         assert_eq!(state_bytes(), 32 * EAR_MAX_BLOCKS as usize, "one copy of the counters per CTA index");
         assert_eq!(
             abort_offset(),
@@ -222,6 +326,83 @@ mod tests {
         assert!(Family::OneShot.fused_fits(128, 8192, 2, 16 << 20, 2));
         assert!(!Family::Lamport.fused_fits(1024, 8192, 2, 16 << 20, 2), "over the 2 MiB Lamport cap");
         assert!(Family::Lamport.fits(2 << 20, 16 << 20) && !Family::Lamport.fits((2 << 20) + 16, 16 << 20));
+    }
+
+    #[test]
+    fn every_family_is_described_once() {
+        for (i, f) in Family::ALL.iter().enumerate() {
+            assert_eq!(Family::from_name(f.name()), Some(*f));
+            assert_eq!(Family::from_name(&f.name().to_uppercase()), Some(*f), "any case");
+            assert_eq!(Family::from_id(f.id()), Some(*f));
+            for g in &Family::ALL[i + 1..] {
+                assert!(f.name() != g.name() && f.id() != g.id(), "{f:?} and {g:?} share a name or an id");
+            }
+            for source in f.describe().sources {
+                let path = format!("{}/kernels/{source}.cu", env!("CARGO_MANIFEST_DIR"));
+                assert!(std::path::Path::new(&path).exists(), "{path}");
+            }
+        }
+        assert_eq!(Family::from_name("nccl"), None);
+    }
+
+    /// `C_NAME` of a rule kind: its enum's and its variant's names in SCREAMING_SNAKE_CASE, as
+    /// cbindgen writes them into kernels/ear_contract.h.
+    fn c_name(kind: &str, variant: impl std::fmt::Debug) -> String {
+        let snake = |name: &str| {
+            let mut out = String::new();
+            for (i, c) in name.chars().enumerate() {
+                if c.is_uppercase() && i > 0 {
+                    out.push('_');
+                }
+                out.push(c.to_ascii_uppercase());
+            }
+            out
+        };
+        format!("{}_{}", snake(kind), snake(&format!("{variant:?}")))
+    }
+
+    /// kernels/ear_families.h as the descriptions give it.
+    fn families_header() -> String {
+        let mut rows = String::new();
+        let mut sources = String::new();
+        for f in Family::ALL {
+            let (d, r) = (f.describe(), f.describe().rule);
+            let push = |t: Transport| (t == Transport::Push) as u8;
+            let contract = |name: &str| format!("EAR_FAMILY_{}", name.to_uppercase());
+            rows += &format!(
+                " \\\n  M({}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {})",
+                d.name,
+                contract(d.name),
+                d.plain[0],
+                d.plain[1],
+                d.fused,
+                c_name("EarGridRule", r.grid),
+                c_name("EarFusedGridRule", r.fused_grid),
+                c_name("EarCapacityRule", r.capacity),
+                c_name("EarFusedFitRule", r.fused_fit),
+                c_name("EarFlagsRule", r.flags),
+                push(d.transport[0]),
+                push(d.transport[1]),
+                push(d.transport[2]),
+            );
+            sources.extend(d.sources.iter().map(|s| format!("#include \"{s}.cu\"\n")));
+        }
+        format!(
+            "/*\n * The kernel families as src/launch/family.rs describes them, for the kernel simulations.\n * Generated by that file's tests, which fail when it is stale (EDGELLM_WRITE_GENERATED=1 cargo\n * test rewrites it): do not edit.\n */\n#ifndef EAR_FAMILIES_H\n#define EAR_FAMILIES_H\n\n#include \"allreduce_params.h\"\n\n/* M(name, EAR_FAMILY_* id, plain stem at 2 ranks, plain stem at 4 and more, fused stem, EarRule's\n *   grid, fused_grid, capacity, fused_fit and flags, and whether the plain kernels at 2 ranks, at\n *   4 and more, and the fused kernel push into peers (1) or pull (0)): one row per family. */\n#define EAR_FOR_EACH_FAMILY(M){rows}\n\n#endif /* EAR_FAMILIES_H */\n\n/* Every family's kernel sources, for a translation unit that defines EAR_INCLUDE_FAMILY_SOURCES. */\n#if defined(EAR_INCLUDE_FAMILY_SOURCES) && !defined(EAR_FAMILY_SOURCES_INCLUDED)\n#define EAR_FAMILY_SOURCES_INCLUDED\n{sources}#endif\n"
+        )
+    }
+
+    #[test]
+    fn the_committed_families_header_is_fresh() {
+        let path = format!("{}/kernels/ear_families.h", env!("CARGO_MANIFEST_DIR"));
+        let generated = families_header();
+        if std::env::var("EDGELLM_WRITE_GENERATED").is_ok_and(|v| v == "1") {
+            std::fs::write(&path, &generated).unwrap();
+        }
+        assert!(
+            std::fs::read_to_string(&path).ok().as_deref() == Some(generated.as_str()),
+            "{path} is stale: EDGELLM_WRITE_GENERATED=1 cargo test --lib families_header rewrites it"
+        );
     }
 
     #[test]

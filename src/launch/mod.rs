@@ -1,11 +1,14 @@
-//! What a launch is, on the kernels' contract (`crate::contract`): the families and what they take
-//! ([`family`]), one rank's launch plan ([`plan`]: kernel, grid, block, flags from one C rule
-//! shared with the kernel simulations), the embedded kernels ([`kernels`], [`kernel_images`]) and
-//! AUTO's tables ([`strategy`]). Nothing here holds state: a group (`crate::group`) asks.
+//! What a launch is, on the kernels' contract (`crate::contract`): the families, each described
+//! once ([`family`]), which path a call takes ([`strategy`], AUTO's [`tables`] and the tuning
+//! file, [`tuning`]), one rank's whole plan of a call ([`plan`]: path, kernels, grid, block, flags,
+//! from one C rule shared with the kernel simulations), the embedded kernels ([`kernels`],
+//! [`kernel_images`]) and the one launcher ([`launcher`]). Nothing here holds state: a group
+//! (`crate::group`) gathers the facts, asks for the plan and executes it.
 
 pub(crate) mod family;
 pub(crate) mod kernel_images;
 pub(crate) mod kernels;
+pub(crate) mod launcher;
 pub(crate) mod plan;
 pub(crate) mod strategy;
 pub(crate) mod tables;
@@ -104,9 +107,26 @@ impl FusedCall {
         x_reduced: DevicePtr,
         stream: crate::cuda::Stream,
     ) -> crate::Result<()> {
-        let f = kernels.norm(dtype).ok_or_else(|| crate::Error::NoKernel(family::norm_kernel_name(dtype)))?;
-        let p = plan::norm(self.tokens, self.hidden, dtype, kernels.sm_count);
+        let plan = plan::norm(self.tokens, self.hidden, dtype, kernels.sm_count);
         // SAFETY: the caller's buffers, the kernel's own parameter block.
-        unsafe { crate::cuda::launch(f, p.grid, p.block, stream, &self.norm_params(x_reduced), kernels.pdl) }
+        unsafe { self.run_norm(kernels, dtype, &plan, x_reduced, stream) }
+    }
+
+    /// The residual + RMSNorm kernel alone on its `plan` (see [`FusedCall::launch_norm`]).
+    ///
+    /// # Safety
+    /// As [`FusedCall::launch_norm`]; `plan` is the norm plan of this call.
+    pub(crate) unsafe fn run_norm(
+        &self,
+        kernels: &kernels::DeviceKernels,
+        dtype: DataType,
+        plan: &contract::EarPlan,
+        x_reduced: DevicePtr,
+        stream: crate::cuda::Stream,
+    ) -> crate::Result<()> {
+        let f = kernels.norm(dtype).ok_or_else(|| crate::Error::NoKernel(family::norm_kernel_name(dtype)))?;
+        let launch = launcher::Launch::planned(f, plan, kernels.pdl);
+        // SAFETY: the caller's buffers, the kernel's own parameter block.
+        unsafe { launch.run(&self.norm_params(x_reduced), stream) }
     }
 }

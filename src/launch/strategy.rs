@@ -16,12 +16,77 @@
 //! forced strategy that cannot run falls back to NCCL.
 
 pub use super::tables::*;
-pub use crate::config::Requested;
 use crate::launch::family::{Family, Op};
 use crate::launch::tuning::Tuning;
 use crate::launch::{Fits, Message};
 use crate::link::LinkClass;
 use crate::tensor::DataType;
+/// A strategy as asked for: the plugin's `strategy` field, or `EDGELLM_ALLREDUCE_STRATEGY`
+/// (which overrides every plugin's field).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Requested {
+    Nccl,
+    Auto,
+    /// One family (by the environment: any family; the plugin's field names the seed's two).
+    Family(Family),
+}
+
+impl Requested {
+    /// NCCL, AUTO or a family's name, in any case.
+    pub fn from_name(name: &str) -> Option<Requested> {
+        match name.trim().to_ascii_uppercase().as_str() {
+            "NCCL" => Some(Requested::Nccl),
+            "AUTO" => Some(Requested::Auto),
+            _ => Family::from_name(name).map(Requested::Family),
+        }
+    }
+
+    /// Its name, upper case ("ONESHOT").
+    pub fn name(self) -> String {
+        match self {
+            Requested::Nccl => "NCCL".to_owned(),
+            Requested::Auto => "AUTO".to_owned(),
+            Requested::Family(f) => f.name().to_uppercase(),
+        }
+    }
+
+    /// `EDGELLM_ALLREDUCE_STRATEGY` (`crate::config`); one warning when it names no strategy,
+    /// which is then ignored.
+    pub(crate) fn configured() -> Option<Requested> {
+        static REPORTED: std::sync::Once = std::sync::Once::new();
+        let text = crate::config::get().strategy.as_deref()?;
+        let requested = Requested::from_name(text);
+        if requested.is_none() {
+            REPORTED.call_once(|| {
+                let names: Vec<String> = Family::ALL.iter().map(|f| f.name().to_uppercase()).collect();
+                crate::log::warning(&format!(
+                    "EDGELLM_ALLREDUCE_STRATEGY={text} is not one of NCCL, AUTO, {}: ignored",
+                    names.join(", ")
+                ))
+            });
+        }
+        requested
+    }
+
+    /// Its code in the exchange record (0 there: unset): ranks that differ use NCCL.
+    pub(crate) fn code(self) -> u32 {
+        match self {
+            Requested::Nccl => 1,
+            Requested::Auto => 2,
+            Requested::Family(f) => 16 + f.id() as u32,
+        }
+    }
+
+    /// The strategy of exchange code `code`.
+    pub(crate) fn from_code(code: u32) -> Option<Requested> {
+        match code {
+            1 => Some(Requested::Nccl),
+            2 => Some(Requested::Auto),
+            _ => code.checked_sub(16).and_then(|id| Family::from_id(id as i32)).map(Requested::Family),
+        }
+    }
+}
+
 fn row_of<T: Copy>(table: RankTable<T>, nranks: i32, bytes: u64) -> Option<T> {
     let row = table.iter().find(|(n, _)| nranks <= *n).unwrap_or(&table[table.len() - 1]).1;
     row.iter().find(|(b, _)| bytes <= *b).map(|(_, c)| *c)
@@ -51,6 +116,16 @@ fn auto_choice(
             None => FusedChoice::Nccl,
         }
     }
+}
+
+/// AUTO's families from the one that serves the smallest messages to the one that serves the
+/// largest (ties in `Family::ALL`'s order): a family AUTO chose that cannot serve a call falls
+/// back along it. Sorted in place: enqueue allocates nothing.
+fn auto_order() -> [Family; Family::ALL.len()] {
+    let mut order = Family::ALL;
+    let position = |f: Family| Family::ALL.iter().position(|&g| g == f).unwrap_or(0);
+    order.sort_unstable_by_key(|&f| (f.max_bytes(u64::MAX), position(f)));
+    order
 }
 
 /// One all-reduce call as every rank sees it.
@@ -127,12 +202,17 @@ pub(crate) fn choose_tuned(
     if call.tp_size <= 1 {
         return decide(Path::Copy, None);
     }
+    let (one, auto);
     let families: &[Family] = match requested {
         Requested::Nccl => return decide(Path::Nccl, None),
-        Requested::OneShot => &[Family::OneShot],
-        Requested::TwoShot => &[Family::TwoShot],
-        Requested::Lamport => &[Family::Lamport],
-        Requested::Auto => &[Family::Lamport, Family::OneShot, Family::TwoShot],
+        Requested::Family(f) => {
+            one = [f];
+            &one
+        }
+        Requested::Auto => {
+            auto = auto_order();
+            &auto
+        }
     };
     let Some(group) = group else { return decide(Path::Nccl, Some(Fallback::NoWorkspace)) };
     let class = group.link_class();

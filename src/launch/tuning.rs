@@ -52,7 +52,10 @@ mod machine;
 mod row;
 mod text;
 
-pub(crate) use load::*;
+#[cfg(test)]
+use load::load;
+#[cfg_attr(not(feature = "test-hooks"), allow(unreachable_pub))]
+pub use load::{active, active_fingerprint};
 pub use machine::*;
 use row::*;
 use text::*;

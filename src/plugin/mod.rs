@@ -5,12 +5,12 @@
 pub(crate) mod fields;
 pub(crate) mod io;
 
-use crate::config::Requested;
 use crate::cuda::{self, DevicePtr, Stream};
 use crate::error::{Error, Result};
 use crate::group::device;
 use crate::group::run::{self, Tensors};
-use crate::launch::strategy::{Call, Fallback};
+use crate::launch::family::Family;
+use crate::launch::strategy::{Call, Fallback, Requested};
 use crate::launch::{FusedCall, Message};
 use crate::tensor::TensorDesc;
 use fields::{IncomingField, PluginConfig, Strategy};
@@ -19,10 +19,10 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 /// The strategy a plugin runs: `EDGELLM_ALLREDUCE_STRATEGY` if set, else its `strategy` field.
 pub fn requested(config: &PluginConfig) -> Requested {
-    crate::config().strategy.unwrap_or(match config.strategy {
+    Requested::configured().unwrap_or(match config.strategy {
         Strategy::Nccl => Requested::Nccl,
-        Strategy::OneShot => Requested::OneShot,
-        Strategy::TwoShot => Requested::TwoShot,
+        Strategy::OneShot => Requested::Family(Family::OneShot),
+        Strategy::TwoShot => Requested::Family(Family::TwoShot),
         Strategy::Auto => Requested::Auto,
     })
 }

@@ -1,4 +1,5 @@
 use super::*;
+use crate::launch::family::Family;
 
 const SETTINGS: Settings = Settings { strategy: 0, max_bytes: 16_000_000, tables: 0x1234, tuning: 0 };
 
@@ -54,7 +55,7 @@ fn all_ranks_join_or_none_and_the_log_names_the_difference() {
         (verdict(&|r| r.host ^= 1), "rank 1 runs on another host"),
         (verdict(&|r| r.settings.max_bytes = 8_000_000), "up to 8000000 bytes on rank 1, 16000000 on rank 0"),
         (verdict(&|r| r.settings.strategy = 1), "EDGELLM_ALLREDUCE_STRATEGY is NCCL on rank 1, unset on rank 0"),
-        (verdict(&|r| r.settings.strategy = 4), "is LAMPORT on rank 1"),
+        (verdict(&|r| r.settings.strategy = Requested::Family(Family::Lamport).code()), "is LAMPORT on rank 1"),
         (verdict(&|r| r.settings.tables ^= 1), "other AUTO tables than rank 0 (another build of the library)"),
         (
             verdict(&|r| {
@@ -92,7 +93,12 @@ fn the_local_settings_name_every_knob_that_changes_the_path() {
     assert_ne!(tables_fingerprint(1), tables_fingerprint(0), "a tuning file changes the tables");
     assert_ne!(tables_fingerprint(1), tables_fingerprint(2));
     assert_ne!(s.tables, 0);
-    assert_eq!(Settings { strategy: 5, ..s }.strategy_name(), "AUTO");
+    assert_eq!(Settings { strategy: Requested::Auto.code(), ..s }.strategy_name(), "AUTO");
+    for f in Family::ALL {
+        let code = Requested::Family(f).code();
+        assert_eq!(Requested::from_code(code), Some(Requested::Family(f)), "every family has its own code");
+        assert_eq!(Settings { strategy: code, ..s }.strategy_name(), f.name().to_uppercase());
+    }
     assert_eq!(Settings { strategy: 0, ..s }.strategy_name(), "unset");
 }
 

@@ -2,10 +2,12 @@
 //! rank by rank as processes of their own run it).
 
 use super::*;
+use crate::config::MAX_SELFTEST_MS;
+use crate::contract::EAR_MAX_RANKS;
 
 /// Fault injection for [`Group::self_test`] (tests only; `Default`: none, the configured bound).
 #[doc(hidden)]
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct SelfTestInjection {
     /// `(from, to)`: rank `from` does not write its token into rank `to`'s workspace.
     pub drop_writes: Vec<(i32, i32)>,
@@ -25,15 +27,70 @@ pub struct SelfTestInjection {
 
 impl SelfTestInjection {
     /// The faults of the test hook `EDGELLM_ALLREDUCE_TEST_SELFTEST_FAULT` (`crate::config`),
-    /// with a warning while any is set (never a user setting); none when it is unset.
+    /// with a warning while any is set (never a user setting); none when it is unset, and none
+    /// with one warning when it is not a fault spec ([`SelfTestInjection::parse`]).
     pub(crate) fn configured() -> SelfTestInjection {
-        let Some(fault) = crate::config().selftest_fault.clone() else {
+        let Some(spec) = crate::config::get().selftest_fault.as_deref() else {
             return SelfTestInjection::default();
         };
-        crate::log::warning(&format!(
-            "EDGELLM_ALLREDUCE_TEST_SELFTEST_FAULT (a test hook): the peer self-test runs with faults injected: {fault:?}"
-        ));
-        SelfTestInjection::from(fault)
+        match SelfTestInjection::parse(spec) {
+            Ok(inject) => {
+                crate::log::warning(&format!(
+                    "EDGELLM_ALLREDUCE_TEST_SELFTEST_FAULT (a test hook): the peer self-test runs with faults injected: {inject:?}"
+                ));
+                inject
+            }
+            Err(why) => {
+                crate::log::warning(&format!(
+                    "EDGELLM_ALLREDUCE_TEST_SELFTEST_FAULT={spec} is not a fault spec ({why}): ignored"
+                ));
+                SelfTestInjection::default()
+            }
+        }
+    }
+
+    /// Parses the hook's comma-separated list of `drop:A>B`, `garble:A>B`, `garble-slot:R`,
+    /// `not-launched:R` (ranks below `EAR_MAX_RANKS`, A != B), `host-wait:MS`; Err says what is
+    /// wrong.
+    pub(crate) fn parse(spec: &str) -> std::result::Result<SelfTestInjection, String> {
+        let rank = |v: &str| -> std::result::Result<i32, String> {
+            v.trim()
+                .parse::<i32>()
+                .ok()
+                .filter(|r| (0..EAR_MAX_RANKS as i32).contains(r))
+                .ok_or_else(|| format!("'{}' is not a rank from 0 to {}", v.trim(), EAR_MAX_RANKS - 1))
+        };
+        let pair = |v: &str| -> std::result::Result<(i32, i32), String> {
+            let (a, b) = v.split_once('>').ok_or_else(|| format!("'{}' is not a pair FROM>TO", v.trim()))?;
+            let (a, b) = (rank(a)?, rank(b)?);
+            if a == b {
+                return Err(format!("{a}>{b}: a rank's own slot is garble-slot:{a}"));
+            }
+            Ok((a, b))
+        };
+        let mut inject = SelfTestInjection::default();
+        for item in spec.split(',') {
+            let (kind, value) = item.split_once(':').unwrap_or((item, ""));
+            match kind.trim() {
+                "drop" => inject.drop_writes.push(pair(value)?),
+                "garble" => inject.garble_writes.push(pair(value)?),
+                "garble-slot" => inject.garble_own_slot.push(rank(value)?),
+                "not-launched" => inject.not_launched.push(rank(value)?),
+                "host-wait" => {
+                    let ms = value.trim().parse::<u64>().ok().filter(|ms| *ms <= MAX_SELFTEST_MS);
+                    let ms = ms.ok_or_else(|| {
+                        format!("'{}' is not a wait in milliseconds up to {MAX_SELFTEST_MS}", value.trim())
+                    })?;
+                    inject.host_wait = Some(Duration::from_millis(ms));
+                }
+                other => {
+                    return Err(format!(
+                        "'{other}' is not drop:A>B, garble:A>B, garble-slot:R, not-launched:R or host-wait:MS"
+                    ));
+                }
+            }
+        }
+        Ok(inject)
     }
 
     pub(crate) fn for_rank(&self, rank: i32) -> RankInjection {
@@ -55,19 +112,6 @@ impl SelfTestInjection {
     pub(crate) fn bounds(&self) -> Option<Bounds> {
         let bounds = self.bound.map(Bounds::new).or_else(Bounds::configured)?;
         Some(Bounds { host: self.host_wait.unwrap_or(bounds.host), ..bounds })
-    }
-}
-
-impl From<crate::config::SelfTestFault> for SelfTestInjection {
-    fn from(fault: crate::config::SelfTestFault) -> Self {
-        SelfTestInjection {
-            drop_writes: fault.drop_writes,
-            garble_writes: fault.garble_writes,
-            garble_own_slot: fault.garble_own_slot,
-            not_launched: fault.not_launched,
-            host_wait: fault.host_wait_ms.map(Duration::from_millis),
-            bound: None,
-        }
     }
 }
 

@@ -182,17 +182,16 @@ fn injections_become_the_ranks_masks() {
 #[test]
 fn the_test_hooks_spec_becomes_each_ranks_masks() {
     // EDGELLM_ALLREDUCE_TEST_SELFTEST_FAULT as the exchange applies it: each rank its share.
-    let fault = crate::config::SelfTestFault::parse("drop:0>1,garble:1>0,garble-slot:2,not-launched:3").unwrap();
-    let inject = SelfTestInjection::from(fault);
+    let inject = SelfTestInjection::parse("drop:0>1,garble:1>0,garble-slot:2,not-launched:3").unwrap();
     assert_eq!(inject.for_rank(0), RankInjection { skip_mask: 0b10, ..Default::default() });
     assert_eq!(inject.for_rank(1), RankInjection { garble_mask: 0b1, ..Default::default() });
     assert_eq!(inject.for_rank(2), RankInjection { garble_mask: 0b100, ..Default::default() });
     assert_eq!(inject.for_rank(3), RankInjection { not_launched: true, ..Default::default() });
     assert_eq!((inject.bound, inject.host_wait), (None, None), "the configured bounds");
-    let fault = crate::config::SelfTestFault::parse("drop:0>1,host-wait:20").unwrap();
-    assert_eq!(SelfTestInjection::from(fault).host_wait, Some(Duration::from_millis(20)));
-    assert!(crate::config::SelfTestFault::parse("host-wait:x").is_err());
-    assert!(crate::config::SelfTestFault::parse("host-wait:60001").is_err());
+    let inject = SelfTestInjection::parse("drop:0>1,host-wait:20").unwrap();
+    assert_eq!(inject.host_wait, Some(Duration::from_millis(20)));
+    assert!(SelfTestInjection::parse("host-wait:x").is_err());
+    assert!(SelfTestInjection::parse("host-wait:60001").is_err());
 }
 
 #[test]
@@ -229,5 +228,43 @@ impl RankVerdict {
     fn with_rank(mut self, rank: i32) -> RankVerdict {
         self.rank = rank;
         self
+    }
+}
+
+#[test]
+fn the_fault_hook_parses_every_kind() {
+    let inject =
+        SelfTestInjection::parse("drop:0>1, garble:2>3,garble-slot:1,not-launched:3,drop:15>0,host-wait:25").unwrap();
+    assert_eq!(
+        inject,
+        SelfTestInjection {
+            drop_writes: vec![(0, 1), (15, 0)],
+            garble_writes: vec![(2, 3)],
+            garble_own_slot: vec![1],
+            not_launched: vec![3],
+            host_wait: Some(Duration::from_millis(25)),
+            bound: None,
+        }
+    );
+    assert_eq!(SelfTestInjection::parse(" not-launched : 1 ").map(|f| f.not_launched), Ok(vec![1]));
+}
+
+#[test]
+fn a_malformed_fault_spec_says_what_is_wrong() {
+    for bad in [
+        "drop",
+        "drop:0",
+        "drop:0>",
+        "drop:0>0",
+        "drop:0>16",
+        "drop:-1>0",
+        "garble:a>b",
+        "not-launched:",
+        "lose:0>1",
+        "drop:0>1,",
+        "host-wait:60001",
+    ] {
+        let why = SelfTestInjection::parse(bad).expect_err(bad);
+        assert!(!why.is_empty(), "{bad}");
     }
 }

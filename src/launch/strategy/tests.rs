@@ -20,7 +20,7 @@ const GROUP8: Fake = Fake { nranks: 8, max_bytes: 8_000_000 };
 
 #[test]
 fn one_rank_copies_whatever_is_requested() {
-    for r in [Requested::Nccl, Requested::OneShot, Requested::Auto] {
+    for r in [Requested::Nccl, Requested::Family(Family::OneShot), Requested::Auto] {
         assert_eq!(choose(r, &call(1, 1024), None).path, Path::Copy);
     }
 }
@@ -130,7 +130,7 @@ fn fused_calls_use_the_fused_table() {
     assert_eq!(choose(Requested::Auto, &fused(2, 256, 8192), Some(&GROUP2)).path, Path::Custom(Family::OneShot));
     assert_eq!(choose(Requested::Auto, &fused(2, 1024, 4096), Some(&GROUP2)).path, Path::Custom(Family::OneShot));
     assert_eq!(
-        choose(Requested::OneShot, &fused(2, 128, 8192), Some(&GROUP2)).path,
+        choose(Requested::Family(Family::OneShot), &fused(2, 128, 8192), Some(&GROUP2)).path,
         Path::Custom(Family::OneShot),
         "forced: fused"
     );
@@ -149,15 +149,27 @@ fn auto_moves_to_a_larger_family_when_lamport_cannot_serve() {
 
 #[test]
 fn forced_strategies_run_or_fall_back_to_nccl_with_a_reason() {
-    assert_eq!(choose(Requested::OneShot, &call(2, 8 << 20), Some(&GROUP2)).path, Path::Custom(Family::OneShot));
-    assert_eq!(choose(Requested::TwoShot, &call(2, 1024), Some(&GROUP2)).path, Path::Custom(Family::TwoShot));
-    assert_eq!(choose(Requested::Lamport, &call(2, 1024), Some(&GROUP2)).path, Path::Custom(Family::Lamport));
+    assert_eq!(
+        choose(Requested::Family(Family::OneShot), &call(2, 8 << 20), Some(&GROUP2)).path,
+        Path::Custom(Family::OneShot)
+    );
+    assert_eq!(
+        choose(Requested::Family(Family::TwoShot), &call(2, 1024), Some(&GROUP2)).path,
+        Path::Custom(Family::TwoShot)
+    );
+    assert_eq!(
+        choose(Requested::Family(Family::Lamport), &call(2, 1024), Some(&GROUP2)).path,
+        Path::Custom(Family::Lamport)
+    );
     let cases = [
-        (choose(Requested::OneShot, &call(2, 1024), None), Fallback::NoWorkspace),
-        (choose(Requested::OneShot, &call(4, 1024), Some(&GROUP2)), Fallback::RankMismatch),
-        (choose(Requested::TwoShot, &Call { aligned: false, ..call(2, 1024) }, Some(&GROUP2)), Fallback::Unaligned),
-        (choose(Requested::OneShot, &call(2, 32 << 20), Some(&GROUP2)), Fallback::NotServed),
-        (choose(Requested::Lamport, &call(2, 4 << 20), Some(&GROUP2)), Fallback::NotServed),
+        (choose(Requested::Family(Family::OneShot), &call(2, 1024), None), Fallback::NoWorkspace),
+        (choose(Requested::Family(Family::OneShot), &call(4, 1024), Some(&GROUP2)), Fallback::RankMismatch),
+        (
+            choose(Requested::Family(Family::TwoShot), &Call { aligned: false, ..call(2, 1024) }, Some(&GROUP2)),
+            Fallback::Unaligned,
+        ),
+        (choose(Requested::Family(Family::OneShot), &call(2, 32 << 20), Some(&GROUP2)), Fallback::NotServed),
+        (choose(Requested::Family(Family::Lamport), &call(2, 4 << 20), Some(&GROUP2)), Fallback::NotServed),
     ];
     for (decision, reason) in cases {
         assert_eq!(decision.path, Path::Nccl);
@@ -265,11 +277,12 @@ fn over_pcie_the_fallback_never_moves_to_a_family_that_pushes() {
     );
     // A forced strategy is the user's to choose.
     assert_eq!(
-        choose(Requested::TwoShot, &call(2, 64 << 10), Some(&On(Only(2, no_oneshot), LinkClass::Pcie))).path,
+        choose(Requested::Family(Family::TwoShot), &call(2, 64 << 10), Some(&On(Only(2, no_oneshot), LinkClass::Pcie)))
+            .path,
         Path::Custom(Family::TwoShot)
     );
     assert_eq!(
-        choose(Requested::Lamport, &call(2, 1 << 20), Some(&On(GROUP2, LinkClass::Pcie))).path,
+        choose(Requested::Family(Family::Lamport), &call(2, 1 << 20), Some(&On(GROUP2, LinkClass::Pcie))).path,
         Path::Custom(Family::Lamport)
     );
 }
@@ -277,7 +290,12 @@ fn over_pcie_the_fallback_never_moves_to_a_family_that_pushes() {
 #[test]
 fn without_peer_access_every_call_uses_nccl() {
     let g = On(Fake { nranks: 2, max_bytes: 64 << 20 }, LinkClass::NoPeer);
-    for r in [Requested::Auto, Requested::OneShot, Requested::TwoShot, Requested::Lamport] {
+    for r in [
+        Requested::Auto,
+        Requested::Family(Family::OneShot),
+        Requested::Family(Family::TwoShot),
+        Requested::Family(Family::Lamport),
+    ] {
         for bytes in [1024, 1 << 20, 64 << 20] {
             let d = choose(r, &call(2, bytes), Some(&g));
             assert_eq!((d.path, d.fallback), (Path::Nccl, Some(Fallback::NoWorkspace)), "{r:?} {bytes}");
@@ -340,7 +358,8 @@ fn tuned_tables_serve_the_links_they_were_measured_on() {
         "4 ranks: built-in"
     );
     assert_eq!(
-        choose_tuned(Requested::OneShot, &call(2, 1 << 20), Some(&g(LinkClass::Pcie)), Some(&pcie)).path,
+        choose_tuned(Requested::Family(Family::OneShot), &call(2, 1 << 20), Some(&g(LinkClass::Pcie)), Some(&pcie))
+            .path,
         Path::Custom(Family::OneShot),
         "forced: the file is AUTO's"
     );

@@ -39,11 +39,12 @@ pub(crate) fn load(
 
 /// The tuning file of this process, read once (`EDGELLM_ALLREDUCE_TUNING`, else
 /// [`default_path`]); None when there is none or it was refused (one warning says why).
-pub(crate) fn active() -> Option<&'static Tuning> {
+#[cfg_attr(not(feature = "test-hooks"), allow(unreachable_pub))]
+pub fn active() -> Option<&'static Tuning> {
     static ACTIVE: OnceLock<Option<Tuning>> = OnceLock::new();
     ACTIVE
         .get_or_init(|| {
-            let configured = crate::config().tuning_file.clone();
+            let configured = crate::config::get().tuning_file.clone();
             let explicit = configured.is_some();
             let path = configured.or_else(default_path)?;
             match load(&path, explicit, Machine::current) {
@@ -67,6 +68,7 @@ pub(crate) fn active() -> Option<&'static Tuning> {
 }
 
 /// [`Tuning::fingerprint`] of this process's tuning file, 0 without one.
-pub(crate) fn active_fingerprint() -> u64 {
+#[cfg_attr(not(feature = "test-hooks"), allow(unreachable_pub))]
+pub fn active_fingerprint() -> u64 {
     active().map_or(0, Tuning::fingerprint)
 }

@@ -30,15 +30,11 @@ pub(super) fn width_token(width: RowWidth) -> &'static str {
 }
 
 pub(super) fn family_token(family: Family) -> &'static str {
-    match family {
-        Family::OneShot => "oneshot",
-        Family::TwoShot => "twoshot",
-        Family::Lamport => "lamport",
-    }
+    family.name()
 }
 
 pub(super) fn parse_family(token: &str) -> Option<Family> {
-    Family::ALL.into_iter().find(|f| family_token(*f) == token)
+    Family::ALL.into_iter().find(|f| f.name() == token)
 }
 
 /// The word of a way in a section of `op`: `oneshot` / `nccl` (plain), `fused:lamport` /
