@@ -8,7 +8,7 @@
 
 use crate::error::{guard, Error, Result};
 use crate::group::device::{self, Comm, Registration};
-use crate::group::{fault, formation, reclaim};
+use crate::group::{formation, reclaim};
 use crate::overlay;
 use std::ffi::{c_char, c_int, c_void, CStr};
 
@@ -164,10 +164,10 @@ pub extern "C" fn edgellmAllReduceSetupWorkspaces(deviceId: c_int) -> bool {
 #[allow(non_snake_case)]
 pub extern "C" fn edgellmAllReduceLastError(deviceId: c_int) -> c_int {
     guard("edgellmAllReduceLastError", || {
-        if !(0..fault::MAX_DEVICES as c_int).contains(&deviceId) {
+        if !(0..device::MAX_DEVICES).contains(&deviceId) {
             return Err(Error::DeviceOrdinal(deviceId));
         }
-        Ok(fault::read(deviceId).map_or(0, |r| r.fault.code() as c_int))
+        Ok(device::last_fault(deviceId).map_or(0, |r| r.fault.code() as c_int))
     })
     .unwrap_or(-1)
 }

@@ -1,13 +1,13 @@
 //! What the driver says of devices and the links between them: counts, names, bus ids,
 //! properties, peer access and its attributes.
 
-use super::{driver, primary_context, with_device};
+use super::{driver, with_context, Context};
 use crate::error::{Error, Result};
 use cudarc::driver::sys;
 
-/// Enables access from `device`'s context to `peer`'s memory (idempotent). False when the
-/// hardware cannot (no NVLink/P2P path between the two).
-pub(crate) fn enable_peer_access(device: i32, peer: i32) -> Result<bool> {
+/// Enables access from `device`'s context (`context`) to the memory of `peer`'s (`peer_context`)
+/// (idempotent). False when the hardware cannot (no NVLink/P2P path between the two).
+pub(crate) fn enable_peer_access(device: i32, context: Context, peer: i32, peer_context: Context) -> Result<bool> {
     driver()?;
     let mut can: std::ffi::c_int = 0;
     // SAFETY: valid out-pointer; device ordinals are checked by the driver.
@@ -15,10 +15,9 @@ pub(crate) fn enable_peer_access(device: i32, peer: i32) -> Result<bool> {
     if can == 0 {
         return Ok(false);
     }
-    let peer_ctx = primary_context(peer)?;
-    with_device(device, || {
-        // SAFETY: peer_ctx is a retained context; the current context is device's.
-        match unsafe { driver::cuCtxEnablePeerAccess(peer_ctx, 0) } {
+    with_context(context, || {
+        // SAFETY: peer_context is a retained context; the current context is device's.
+        match unsafe { driver::cuCtxEnablePeerAccess(peer_context.raw(), 0) } {
             Ok(()) => Ok(true),
             Err(Error::Cuda { code: driver::ERROR_PEER_ACCESS_ALREADY_ENABLED, .. }) => Ok(true),
             Err(e) => Err(e),

@@ -1,7 +1,7 @@
 //! Memory the library owns: device allocations, other processes' allocations mapped here,
 //! mapped host pages, and the setup-time copies and writes to them.
 
-use super::{driver, primary_context, DevicePtr};
+use super::{driver, Context, DevicePtr};
 use crate::error::{Error, Result};
 use cudarc::driver::sys;
 
@@ -32,7 +32,7 @@ impl DeviceBuffer {
 
 impl Drop for DeviceBuffer {
     /// Must run with the allocation's context current (groups drop their buffers inside
-    /// [`with_device`]); errors are logged, never panicked on.
+    /// `crate::group::device::with_device`); errors are logged, never panicked on.
     fn drop(&mut self) {
         // SAFETY: the buffer owns the allocation; synchronizing first lets launched work finish.
         let freed = synchronize().and_then(|()| unsafe { driver::cuMemFree_v2(self.ptr.0) });
@@ -51,11 +51,18 @@ pub(crate) fn ipc_handle(ptr: DevicePtr) -> Result<[u8; 64]> {
     Ok(handle.reserved.map(|c| c as u8))
 }
 
-/// Where `ptr` lies: `Some((device, peer_reachable))` for device memory, `peer_reachable` when
-/// it is a cuMemAlloc allocation (legacy-IPC capable) of the device's primary context, which
-/// the peer access of [`enable_peer_access`] reaches (pool and VMM memory, and memory of other
-/// contexts, it does not); None for any other or unknown pointer.
-pub(crate) fn device_memory(ptr: DevicePtr) -> Option<(i32, bool)> {
+/// Where a device allocation lies ([`device_memory`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Placement {
+    pub device: i32,
+    /// The context it was allocated in.
+    pub context: Context,
+    /// A cuMemAlloc allocation (legacy-IPC capable): pool and VMM memory are not.
+    pub plain: bool,
+}
+
+/// Where `ptr` lies, when it is device memory; None for any other or unknown pointer.
+pub(crate) fn device_memory(ptr: DevicePtr) -> Option<Placement> {
     use sys::CUpointer_attribute as A;
     driver().ok()?;
     let (mut kind, mut device, mut plain, mut context) = (0u32, -1i32, 0u64, 0usize);
@@ -77,8 +84,7 @@ pub(crate) fn device_memory(ptr: DevicePtr) -> Option<(i32, bool)> {
     if status.is_err() || kind != sys::CUmemorytype::CU_MEMORYTYPE_DEVICE as u32 || device < 0 {
         return None;
     }
-    let primary = plain != 0 && primary_context(device).is_ok_and(|c| c as usize == context);
-    Some((device, primary))
+    Some(Placement { device, context: Context(context), plain: plain != 0 })
 }
 
 /// Another process's allocation mapped into the current context; unmapped on drop, after the
@@ -165,14 +171,6 @@ impl Drop for MappedHost {
             crate::log::warning(&format!("freeing mapped host memory: {e}"));
         }
     }
-}
-
-/// A zero-filled page-locked host allocation of `bytes`, mapped into the address space of every
-/// context (portable, device-mapped): kernels write it, the host reads it with plain loads,
-/// without synchronizing. Returns its address, which unified addressing makes the device
-/// address too. Never freed (it lives as long as the process). Needs a current context.
-pub(crate) fn mapped_host_page(bytes: usize) -> Result<usize> {
-    MappedHost::zeroed(bytes).map(MappedHost::leak)
 }
 
 /// Waits for the current context's work (setup and teardown only).

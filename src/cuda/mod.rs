@@ -19,8 +19,7 @@ pub(crate) use scratch::SETUP_SCRATCH_BYTES;
 
 use crate::error::{Error, Result};
 use cudarc::driver::sys;
-use std::collections::HashMap;
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
 
 /// A device address (`CUdeviceptr`) in, or mapped into, a context of this process.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -84,30 +83,34 @@ pub(crate) unsafe fn copy_async(dst: DevicePtr, src: DevicePtr, bytes: usize, st
     unsafe { driver::cuMemcpyDtoDAsync_v2(dst.0, src.0, bytes, stream.raw()) }
 }
 
-/// The primary context of `device`, retained once and kept for the life of the process (the
-/// library's workspaces and modules live in it; TensorRT and cudart use the same context).
-fn primary_context(device: i32) -> Result<sys::CUcontext> {
-    static CONTEXTS: Mutex<Option<HashMap<i32, usize>>> = Mutex::new(None);
-    driver()?;
-    let mut guard = CONTEXTS.lock().unwrap_or_else(|p| p.into_inner());
-    let map = guard.get_or_insert_with(HashMap::new);
-    if let Some(&ctx) = map.get(&device) {
-        return Ok(ctx as sys::CUcontext);
+/// A CUDA context (`CUcontext`). The library works in devices' primary contexts (the ones
+/// TensorRT and cudart use), each retained once, for the life of the process, by the device's
+/// record (`crate::group::device`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Context(usize);
+
+impl Context {
+    fn raw(self) -> sys::CUcontext {
+        self.0 as sys::CUcontext
     }
-    let dev = device_handle(device)?;
-    let mut ctx: sys::CUcontext = std::ptr::null_mut();
-    // SAFETY: `dev` is a device of this driver; the context is retained for the process's life.
-    unsafe { driver::cuDevicePrimaryCtxRetain(&mut ctx, dev) }?;
-    map.insert(device, ctx as usize);
-    Ok(ctx)
 }
 
-/// Runs `f` with the primary context of `device` current on this thread, then restores the
-/// caller's context.
-pub(crate) fn with_device<T>(device: i32, f: impl FnOnce() -> Result<T>) -> Result<T> {
-    let ctx = primary_context(device)?;
-    // SAFETY: ctx is a retained primary context; push and pop are balanced below.
-    unsafe { driver::cuCtxPushCurrent_v2(ctx) }?;
+/// Retains `device`'s primary context. It is never released: the caller keeps it for the life
+/// of the process (the library's workspaces and modules live in it).
+pub(crate) fn retain_primary_context(device: i32) -> Result<Context> {
+    driver()?;
+    let dev = device_handle(device)?;
+    let mut ctx: sys::CUcontext = std::ptr::null_mut();
+    // SAFETY: `dev` is a device of this driver; valid out-pointer.
+    unsafe { driver::cuDevicePrimaryCtxRetain(&mut ctx, dev) }?;
+    Ok(Context(ctx as usize))
+}
+
+/// Runs `f` with `context` current on this thread, then restores the caller's context.
+pub(crate) fn with_context<T>(context: Context, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    driver()?;
+    // SAFETY: a retained context; push and pop are balanced below.
+    unsafe { driver::cuCtxPushCurrent_v2(context.raw()) }?;
     let outcome = f();
     let mut popped: sys::CUcontext = std::ptr::null_mut();
     // SAFETY: pops the context pushed above.

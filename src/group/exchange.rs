@@ -14,7 +14,7 @@
 use crate::contract::{EAR_MAX_BLOCKS, EAR_PROTOCOL_ID};
 use crate::cuda::{self, IpcMapping};
 use crate::error::{Error, Result};
-use crate::group::device::Registration;
+use crate::group::device::{self, Registration};
 use crate::group::selftest::{self, RankVerdict, SelfTestInjection, VERDICT_BYTES};
 use crate::group::{self, Group, Member};
 use crate::launch::strategy::Requested;
@@ -247,9 +247,9 @@ pub(crate) fn exchange(device: i32, registration: &Registration, info: CommInfo,
     let settings = Settings::local(info.nranks);
     let max_bytes = settings.max_bytes;
     // Before anything else: without it this rank could take part in no gather.
-    let scratch = super::device::setup_scratch(device)?;
+    let scratch = device::setup_scratch(device)?;
     let gather = |bytes: &[u8]| communicator::all_gather(registration, info.nranks, bytes, &scratch);
-    cuda::with_device(device, || {
+    device::with_device(device, || {
         crate::group::reclaim::free_released_memory();
         let member = (!disabled).then(|| Member::allocate(device, max_bytes, info.nranks)).and_then(|m| m.ok());
         let handle = member.as_ref().and_then(|m| cuda::ipc_handle(m.workspace.ptr()).ok());

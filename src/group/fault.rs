@@ -1,17 +1,14 @@
 //! Faults of the custom kernels as the host sees them, without synchronizing: one 64-bit word
-//! per device in mapped pinned memory (one page, allocated at the first group's setup and kept
-//! for the life of the process), which a kernel writes, as `generation << 8 | EAR_FAULT_*`,
-//! when it gives up waiting for a peer or finds its group aborted or released
-//! (`kernels/wait.cuh`). Enqueue and `edgellmAllReduceLastError` read it with a plain load.
+//! per device in mapped pinned memory (in the device's record, `super::device::fault_word`,
+//! allocated at its first group and kept for the life of the process), which a kernel writes,
+//! as `generation << 8 | EAR_FAULT_*`, when it gives up waiting for a peer or finds its group
+//! aborted or released (`kernels/wait.cuh`). Enqueue and `edgellmAllReduceLastError` read it
+//! with a plain load.
 
 use crate::contract::{EAR_FAULT_ABORTED, EAR_FAULT_RELEASED, EAR_FAULT_TIMEOUT};
 use crate::cuda::{self, DevicePtr};
 use crate::error::Result;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, OnceLock};
-
-/// Devices with a fault word (ordinals 0..MAX_DEVICES): one 4 KiB page.
-pub(crate) const MAX_DEVICES: usize = 512;
 
 /// Why a custom all-reduce failed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -66,49 +63,33 @@ impl Record {
     }
 }
 
-/// The page of fault words: its host address (with unified addressing, also its device address).
-static PAGE: OnceLock<usize> = OnceLock::new();
+/// A device's fault word: 8 bytes of mapped host memory (portable: every context maps it, and
+/// with unified addressing its host address is its device address), allocated once and never
+/// freed (a kernel may still write it). Read and cleared with plain atomic operations.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct FaultWord(&'static AtomicU64);
 
-fn words() -> Option<&'static [AtomicU64]> {
-    let page = *PAGE.get()?;
-    // SAFETY: the page holds MAX_DEVICES zero-filled, 8-byte aligned words and is never freed;
-    // the kernels write them with whole 64-bit stores.
-    Some(unsafe { std::slice::from_raw_parts(page as *const AtomicU64, MAX_DEVICES) })
-}
+impl FaultWord {
+    /// A zeroed word, in the current context.
+    pub(crate) fn allocate() -> Result<FaultWord> {
+        let host = cuda::MappedHost::zeroed(std::mem::size_of::<AtomicU64>())?.leak();
+        // SAFETY: a leaked (never freed), zero-filled, page-aligned allocation of 8 bytes.
+        Ok(FaultWord(unsafe { &*(host as *const AtomicU64) }))
+    }
 
-/// The device address of `device`'s fault word, for the kernels' parameters. Allocates the page
-/// on first use, in the current context (setup time; mapped into every context).
-pub(crate) fn word(device: i32) -> Result<DevicePtr> {
-    static ALLOCATING: Mutex<()> = Mutex::new(());
-    let index =
-        usize::try_from(device).ok().filter(|&d| d < MAX_DEVICES).ok_or(crate::error::Error::DeviceOrdinal(device))?;
-    let page = match PAGE.get() {
-        Some(&page) => page,
-        None => {
-            let _one = ALLOCATING.lock().unwrap_or_else(|p| p.into_inner());
-            match PAGE.get() {
-                Some(&page) => page,
-                None => {
-                    let page = cuda::mapped_host_page(MAX_DEVICES * 8)?;
-                    PAGE.get_or_init(|| page);
-                    page
-                }
-            }
-        }
-    };
-    Ok(DevicePtr((page + index * 8) as u64))
-}
+    /// Its device address, for the kernels' parameters.
+    pub(crate) fn ptr(self) -> DevicePtr {
+        DevicePtr(self.0 as *const AtomicU64 as u64)
+    }
 
-/// What `device`'s fault word holds (None: no fault, or no page yet). A plain load.
-pub(crate) fn read(device: i32) -> Option<Record> {
-    let word = words()?.get(usize::try_from(device).ok()?)?;
-    Record::decode(word.load(Ordering::Acquire))
-}
+    /// What it holds (None: no fault).
+    pub(crate) fn read(self) -> Option<Record> {
+        Record::decode(self.0.load(Ordering::Acquire))
+    }
 
-/// Clears `device`'s fault word (a new group forms on it).
-pub(crate) fn clear(device: i32) {
-    if let Some(word) = words().and_then(|w| w.get(usize::try_from(device).ok()?)) {
-        word.store(0, Ordering::Release);
+    /// Clears it (a new group forms on its device).
+    pub(crate) fn clear(self) {
+        self.0.store(0, Ordering::Release);
     }
 }
 
@@ -129,12 +110,13 @@ mod tests {
     }
 
     #[test]
-    fn without_a_page_nothing_is_read_and_nothing_breaks() {
-        // No GPU in unit tests: the page is never allocated.
-        assert_eq!(read(0), None);
-        assert_eq!(read(-1), None);
-        clear(0);
-        assert!(matches!(word(-1), Err(crate::error::Error::DeviceOrdinal(-1))));
-        assert!(matches!(word(MAX_DEVICES as i32), Err(crate::error::Error::DeviceOrdinal(_))));
+    fn a_word_is_read_and_cleared_with_plain_memory_operations() {
+        let word = FaultWord(Box::leak(Box::new(AtomicU64::new(0))));
+        assert_eq!(word.read(), None);
+        let r = Record { generation: 7, fault: Fault::TimedOut };
+        word.0.store(r.encode(), Ordering::Release);
+        assert_eq!(word.read(), Some(r));
+        word.clear();
+        assert_eq!(word.read(), None);
     }
 }

@@ -67,7 +67,7 @@ pub(crate) struct Member {
     pub state: DeviceBuffer,
     pub kernels: Arc<DeviceKernels>,
     /// The device's fault word (`crate::group::fault`).
-    pub fault: DevicePtr,
+    pub fault: fault::FaultWord,
     /// The stream that runs this rank's custom all-reduces: the first that ran one.
     stream: AtomicUsize,
 }
@@ -77,7 +77,7 @@ impl Member {
     pub(crate) fn allocate(device: i32, max_bytes: u64, nranks: i32) -> Result<Member> {
         let kernels = device::kernels(device)?;
         kernels.require_all()?;
-        let fault = fault::word(device)?;
+        let fault = device::fault_word(device)?;
         let workspace = DeviceBuffer::zeroed(family::workspace_bytes(max_bytes, nranks) as usize)?;
         let state = DeviceBuffer::zeroed(family::state_bytes())?;
         Ok(Member { device, workspace, state, kernels, fault, stream: AtomicUsize::new(NO_STREAM) })
@@ -132,7 +132,7 @@ impl Group {
         let nranks = devices.len() as i32;
         let mut group = Group::empty(nranks, max_bytes, max_blocks)?;
         for (rank, &device) in devices.iter().enumerate() {
-            let member = cuda::with_device(device, || Member::allocate(device, max_bytes, nranks))?;
+            let member = device::with_device(device, || Member::allocate(device, max_bytes, nranks))?;
             group.peer_ws[rank] = member.workspace.ptr();
             group.members[rank] = Some(member);
         }
@@ -170,7 +170,8 @@ impl Group {
                 if a == b {
                     return Err(Error::SharedDevice(a));
                 }
-                if !cuda::enable_peer_access(a, b)? || !cuda::enable_peer_access(b, a)? {
+                let (ca, cb) = (device::context(a)?, device::context(b)?);
+                if !cuda::enable_peer_access(a, ca, b, cb)? || !cuda::enable_peer_access(b, cb, a, ca)? {
                     return Err(Error::NoPeerAccess(a, b));
                 }
             }
@@ -212,7 +213,7 @@ impl Group {
         self.members
             .iter()
             .flatten()
-            .find_map(|m| fault::read(m.device).filter(|r| r.generation == self.generation))
+            .find_map(|m| m.fault.read().filter(|r| r.generation == self.generation))
             .map(|r| r.fault)
     }
 
@@ -231,7 +232,7 @@ impl Group {
             return;
         }
         for m in self.members.iter().flatten() {
-            if let Err(e) = cuda::with_device(m.device, || {
+            if let Err(e) = device::with_device(m.device, || {
                 cuda::synchronize().and_then(|()| cuda::write_word(m.abort_word(), EAR_FAULT_RELEASED))
             }) {
                 crate::log::warning(&format!("device {}: retiring a released group: {e}", m.device));

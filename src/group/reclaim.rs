@@ -7,42 +7,32 @@
 //! `edgellmAllReduceSetupWorkspaces`, `edgellmAllReduceReleaseWorkspaces`), before a new group
 //! allocates, or by [`free_released_memory`].
 
-use std::sync::Mutex;
+use super::device;
 
-/// Device memory (a workspace and state block, an IPC mapping) whose drop frees it: it must run
-/// with its device's context current.
-type Piece = (i32, Box<dyn Send>);
-
-static PENDING: Mutex<Vec<Piece>> = Mutex::new(Vec::new());
-
-/// Hands `memory` of `device` over, to be freed at the next safe point. Calls no CUDA function.
+/// Hands `memory` of `device` over, to be freed at the next safe point (it waits in the device's
+/// record). Calls no CUDA function. `memory`'s drop frees it: it must run with its device's
+/// context current.
 pub(crate) fn defer(device: i32, memory: impl Send + 'static) {
-    PENDING.lock().unwrap_or_else(|p| p.into_inner()).push((device, Box::new(memory)));
+    device::defer_free(device, Box::new(memory));
 }
 
 /// Frees what released groups left (on this thread, which must not be capturing a CUDA graph:
 /// each device's context is synchronized first). Returns how many pieces were freed.
 pub fn free_released_memory() -> usize {
-    let pieces = std::mem::take(&mut *PENDING.lock().unwrap_or_else(|p| p.into_inner()));
-    let count = pieces.len();
-    for (device, piece) in pieces {
-        let mut piece = Some(piece);
-        if let Err(e) = crate::cuda::with_device(device, || {
-            drop(piece.take());
+    let mut count = 0;
+    for (device, pieces) in device::take_released() {
+        count += pieces.len();
+        let mut pieces = Some(pieces);
+        if let Err(e) = device::with_device(device, || {
+            drop(pieces.take());
             Ok(())
         }) {
             // Its context cannot be made current: leaked rather than freed in another one.
-            std::mem::forget(piece);
+            std::mem::forget(pieces);
             crate::log::warning(&format!("freeing a released workspace on device {device}: {e}"));
         }
     }
     count
-}
-
-/// How many pieces wait to be freed.
-#[cfg(test)]
-pub(crate) fn pending() -> usize {
-    PENDING.lock().unwrap_or_else(|p| p.into_inner()).len()
 }
 
 #[cfg(test)]
@@ -62,16 +52,14 @@ mod tests {
     fn deferred_memory_is_kept_until_freed_and_never_dropped_on_the_deferring_thread() {
         let _serial = crate::group::device::test_lock();
         let drops = Arc::new(AtomicUsize::new(0));
-        let before = pending();
         defer(0, Counted(drops.clone()));
         defer(0, Counted(drops.clone()));
         assert_eq!(drops.load(Ordering::SeqCst), 0, "deferring frees nothing");
-        assert_eq!(pending(), before + 2);
         // Without a driver no context can be made current: the pieces are then leaked (with a
         // warning), never dropped outside their context.
-        let context = crate::cuda::with_device(0, || Ok(())).is_ok();
-        free_released_memory();
-        assert_eq!(pending(), 0);
+        let context = device::with_device(0, || Ok(())).is_ok();
+        assert!(free_released_memory() >= 2);
+        assert_eq!(free_released_memory(), 0, "nothing is left");
         assert_eq!(drops.load(Ordering::SeqCst), if context { 2 } else { 0 });
     }
 }

@@ -188,7 +188,11 @@ impl Group {
             return EarCallFacts::default();
         }
         let (input, output, _) = tensors.sum_operands();
-        let reachable = plan::peers_reach(device, self.one_device(), cuda::device_memory(input));
+        // Where the input lies: a cuMemAlloc allocation of the device's primary context is what
+        // the peer access between primary contexts reaches.
+        let primary = device::context(device).ok();
+        let memory = cuda::device_memory(input).map(|m| (m.device, m.plain && Some(m.context) == primary));
+        let reachable = plan::peers_reach(device, self.one_device(), memory);
         EarCallFacts {
             exchanges_pointers: 1,
             in_place: (input == output) as u8,
@@ -245,7 +249,7 @@ impl Group {
             ws_max_bytes: self.max_bytes,
             rank,
             nranks: self.nranks,
-            fault: member.fault.as_mut().cast(),
+            fault: member.fault.ptr().as_mut().cast(),
             timeout_ns: self.timeout_ns,
             generation: self.generation,
             flags,

@@ -31,9 +31,10 @@ use crate::contract::{
     EarSelfTestParams, EarSelfTestResult, EAR_MAX_RANKS, EAR_SELFTEST_MAGIC, EAR_SELFTEST_PASSED, EAR_SELFTEST_THREADS,
     EAR_SELFTEST_UNMAPPED, EAR_SELFTEST_WRONG,
 };
-use crate::cuda::{self, DevicePtr, Function, MappedHost, OwnedStream};
+use crate::cuda::{DevicePtr, Function, MappedHost, OwnedStream};
 use crate::error::{Error, Result, SelfTestFailure, SelfTestKind, SelfTestProblem};
-use crate::group::Group;
+use crate::group::{device, Group};
+use crate::launch::launcher::Launch;
 use std::time::{Duration, Instant};
 
 mod injection;
@@ -149,7 +150,7 @@ fn run_ranks(ranks: &[RankSelfTest], bounds: Bounds) -> Vec<(RankVerdict, Option
     };
     // One result block per rank, in memory every device writes and the host reads as it goes.
     let bytes = std::mem::size_of::<EarSelfTestResult>() * ranks.len();
-    let blocks = match cuda::with_device(first.device, || MappedHost::zeroed(bytes)) {
+    let blocks = match device::with_device(first.device, || MappedHost::zeroed(bytes)) {
         Ok(blocks) => blocks,
         Err(e) => return not_run(format!("allocating the self-test's result blocks: {e}")),
     };
@@ -165,12 +166,13 @@ fn run_ranks(ranks: &[RankSelfTest], bounds: Bounds) -> Vec<(RankVerdict, Option
             continue;
         }
         let params = r.params(block(i), bounds);
-        let launched = cuda::with_device(r.device, || {
+        let launched = device::with_device(r.device, || {
             let stream = OwnedStream::non_blocking()?;
+            let launch = Launch { function: r.function, grid: 1, block: EAR_SELFTEST_THREADS, pdl: false };
             // SAFETY: the kernel's own parameter block: the workspaces are the group's (alive
             // while the caller holds it, and never freed if this kernel does not finish), the
             // result block is ours (leaked if it does not finish); grid 1, its block size.
-            unsafe { cuda::launch(r.function, 1, EAR_SELFTEST_THREADS, stream.stream(), &params, false) }?;
+            unsafe { launch.run(&params, stream.stream()) }?;
             Ok(stream)
         });
         match launched {
@@ -193,7 +195,7 @@ fn run_ranks(ranks: &[RankSelfTest], bounds: Bounds) -> Vec<(RankVerdict, Option
             let Some(stream) = streams[i].as_ref().filter(|_| *run == Run::Running) else {
                 continue;
             };
-            match cuda::with_device(ranks[i].device, || stream.finished()) {
+            match device::with_device(ranks[i].device, || stream.finished()) {
                 Ok(true) => *run = Run::Finished,
                 Ok(false) => pending = true,
                 Err(e) => *run = Run::Faulted(format!("its kernel on device {} failed: {e}", ranks[i].device)),
@@ -245,7 +247,7 @@ fn run_ranks(ranks: &[RankSelfTest], bounds: Bounds) -> Vec<(RankVerdict, Option
     for (i, stream) in streams.into_iter().enumerate() {
         match stream {
             Some(stream) if runs[i] == Run::Unfinished => std::mem::forget(stream),
-            Some(stream) => drop(cuda::with_device(ranks[i].device, || {
+            Some(stream) => drop(device::with_device(ranks[i].device, || {
                 drop(stream);
                 Ok(())
             })),
@@ -255,7 +257,7 @@ fn run_ranks(ranks: &[RankSelfTest], bounds: Bounds) -> Vec<(RankVerdict, Option
     if hung {
         blocks.leak();
     } else {
-        drop(cuda::with_device(first.device, || {
+        drop(device::with_device(first.device, || {
             drop(blocks);
             Ok(())
         }));

@@ -37,7 +37,8 @@ pub struct DeviceKernels {
 }
 
 impl DeviceKernels {
-    pub(crate) fn load(device: i32) -> Result<Self> {
+    /// Loads every kernel module into `context`, the primary context of `device`.
+    pub(crate) fn load(device: i32, context: cuda::Context) -> Result<Self> {
         let (major, sm_count) = cuda::device_properties(device)?;
         let keys: Vec<(Family, Op, DataType, i32)> = Family::ALL
             .iter()
@@ -50,7 +51,7 @@ impl DeviceKernels {
         names.push(SELFTEST_KERNEL.to_owned());
         let (mut functions, mut norms, mut selftest) = (HashMap::new(), HashMap::new(), None);
         let mut failed: Vec<(&str, i32)> = Vec::new();
-        cuda::with_device(device, || {
+        cuda::with_context(context, || {
             for (module, image, defined) in MODULES {
                 let found = match cuda::load_module(image, &names, defined) {
                     Ok(found) => found,
