@@ -32,6 +32,7 @@ mod config;
 mod contract;
 mod cuda;
 mod error;
+mod fingerprint;
 mod group;
 mod launch;
 mod link;

@@ -336,7 +336,7 @@ pub fn builtin_tables(class: LinkClass) -> Option<&'static AutoTables> {
 /// [`LinkClass::ALL`] order): two builds that choose differently for a size never pair their
 /// kernels (`crate::group::exchange`).
 pub(crate) fn builtin_fingerprint() -> u64 {
-    crate::launch::tuning::fnv1a(builtin_text().as_bytes())
+    crate::fingerprint::fnv1a(builtin_text().as_bytes())
 }
 
 /// Every built-in table, spelled out (what [`builtin_fingerprint`] hashes).

@@ -38,6 +38,7 @@
 //! bounds increase, and the last is `upto=max`. `end` counts the rows, so a file cut at a line
 //! boundary, or with a row lost or doubled, is refused rather than read as other tables.
 
+use crate::fingerprint::fnv1a;
 use crate::launch::family::{Family, RANK_COUNTS};
 use crate::launch::tables::{FusedChoice, NARROW_ROW};
 use crate::launch::Message;

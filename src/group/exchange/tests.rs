@@ -1,5 +1,7 @@
 use super::*;
+use crate::contract::EAR_MAX_BLOCKS;
 use crate::launch::family::Family;
+use crate::launch::strategy::Requested;
 
 const SETTINGS: Settings = Settings { strategy: 0, max_bytes: 16_000_000, tables: 0x1234, tuning: 0 };
 

@@ -1,10 +1,5 @@
 //! The machine a tuning file was measured on, as the file and the library describe it.
 
-/// FNV-1a, 64 bits: a stable hash (the same on every build and machine) for fingerprints.
-pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &c| (h ^ c as u64).wrapping_mul(0x100_0000_01b3))
-}
-
 /// One GPU as the tuner saw it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Gpu {

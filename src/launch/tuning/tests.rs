@@ -80,8 +80,6 @@ fn fingerprints_follow_the_tables_not_the_header() {
     other_links.links = LinkClass::NvLink;
     assert_ne!(other_links.fingerprint(), t.fingerprint());
     assert_ne!(t.fingerprint(), 0);
-    assert_eq!(fnv1a(b""), 0xcbf2_9ce4_8422_2325, "FNV-1a's offset basis");
-    assert_eq!(fnv1a(b"a"), 0xaf63_dc4c_8601_ec8c, "FNV-1a of 'a'");
 }
 
 #[test]
