@@ -106,7 +106,7 @@ impl FusedCall {
         dtype: DataType,
         x_reduced: DevicePtr,
         stream: crate::cuda::Stream,
-    ) -> crate::Result<()> {
+    ) -> crate::error::Result<()> {
         let plan = plan::norm(self.tokens, self.hidden, dtype, kernels.sm_count);
         // SAFETY: the caller's buffers, the kernel's own parameter block.
         unsafe { self.run_norm(kernels, dtype, &plan, x_reduced, stream) }
@@ -123,8 +123,8 @@ impl FusedCall {
         plan: &contract::EarPlan,
         x_reduced: DevicePtr,
         stream: crate::cuda::Stream,
-    ) -> crate::Result<()> {
-        let f = kernels.norm(dtype).ok_or_else(|| crate::Error::NoKernel(family::norm_kernel_name(dtype)))?;
+    ) -> crate::error::Result<()> {
+        let f = kernels.norm(dtype).ok_or_else(|| crate::error::Error::NoKernel(family::norm_kernel_name(dtype)))?;
         let launch = launcher::Launch::planned(f, plan, kernels.pdl);
         // SAFETY: the caller's buffers, the kernel's own parameter block.
         unsafe { launch.run(&self.norm_params(x_reduced), stream) }

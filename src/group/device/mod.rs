@@ -106,8 +106,8 @@ fn made<T: Clone>(
     making: &Mutex<()>,
     get: impl Fn(&Device) -> Option<T>,
     set: impl FnOnce(&mut Device, T),
-    make: impl FnOnce() -> crate::Result<T>,
-) -> crate::Result<T> {
+    make: impl FnOnce() -> crate::error::Result<T>,
+) -> crate::error::Result<T> {
     if let Some(Some(v)) = read(device, &get) {
         return Ok(v);
     }

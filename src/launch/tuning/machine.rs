@@ -23,7 +23,7 @@ pub struct Machine {
 impl Machine {
     /// This machine as this process sees it (its GPUs: those CUDA shows it).
     pub fn current() -> Result<Machine, String> {
-        let err = |e: crate::Error| e.to_string();
+        let err = |e: crate::error::Error| e.to_string();
         let count = crate::cuda::device_count().map_err(err)?;
         let gpus = (0..count)
             .map(|d| {
