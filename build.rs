@@ -350,6 +350,7 @@ fn write_kernel_contract(root: &Path, out: &Path) {
         "EarCallFacts",
         "EarSelfTestParams",
         "EarSelfTestResult",
+        "EarSelfTestPushParams",
     ]
     .map(String::from)
     .to_vec();

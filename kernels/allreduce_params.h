@@ -200,12 +200,14 @@
 #ifdef __cplusplus
 static_assert(sizeof(EarAllReduceParams) == 200, "EarAllReduceParams must be 200 bytes");
 static_assert(sizeof(EarSelfTestParams) == 176, "EarSelfTestParams must be 176 bytes");
-static_assert(sizeof(EarSelfTestResult) == 144, "EarSelfTestResult must be 144 bytes");
+static_assert(sizeof(EarSelfTestResult) == 152, "EarSelfTestResult must be 152 bytes");
+static_assert(sizeof(EarSelfTestPushParams) == 32, "EarSelfTestPushParams must be 32 bytes");
 static_assert(sizeof(void*) == 8, "64-bit targets only");
 #else
 _Static_assert(sizeof(EarAllReduceParams) == 200, "EarAllReduceParams must be 200 bytes");
 _Static_assert(sizeof(EarSelfTestParams) == 176, "EarSelfTestParams must be 176 bytes");
-_Static_assert(sizeof(EarSelfTestResult) == 144, "EarSelfTestResult must be 144 bytes");
+_Static_assert(sizeof(EarSelfTestResult) == 152, "EarSelfTestResult must be 152 bytes");
+_Static_assert(sizeof(EarSelfTestPushParams) == 32, "EarSelfTestPushParams must be 32 bytes");
 _Static_assert(sizeof(void*) == 8, "64-bit targets only");
 #endif
 

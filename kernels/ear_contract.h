@@ -112,6 +112,18 @@
 // to it or read from it (read entries only).
 #define EAR_SELFTEST_UNMAPPED 4
 
+// The read path was not probed (`EarSelfTestParams::probe_reads` 0: no family that loads from
+// peers may run on the group): no load was issued (read entries only).
+#define EAR_SELFTEST_SKIPPED 5
+
+// The CTAs and threads of `ear_selftest_push`, and the most it stores: a short bandwidth check
+// of the link to the next rank (tens of microseconds on a healthy link).
+#define EAR_SELFTEST_PUSH_CTAS 8
+
+#define EAR_SELFTEST_PUSH_THREADS 512
+
+#define EAR_SELFTEST_PUSH_BYTES (256 << 10)
+
 // How a family's plain calls size their grid and block (`ear_plan_of`).
 typedef enum EarGridRule {
   // One thread per 16-byte vector of the message, [`EAR_BLOCK_THREADS`] per CTA (`EAR_GRID`).
@@ -253,7 +265,7 @@ typedef struct EarCallFacts {
 } EarCallFacts;
 
 // What one rank's `ear_selftest` reports, in host-mapped memory (the host reads it after the
-// kernel ended, or, for a kernel that did not end, as far as it got). 144 bytes.
+// kernel ended, or, for a kernel that did not end, as far as it got). 152 bytes.
 typedef struct EarSelfTestResult {
   // `EAR_SELFTEST_TOKEN(rank, rank, round)` once every entry below is final (written last,
   // after a system fence); anything else: the kernel has not finished.
@@ -266,6 +278,9 @@ typedef struct EarSelfTestResult {
   // `read[q]`: what this rank's loads of rank q's own slot returned (the path rank -> q, a
   // peer's memory read over the link); `EAR_SELFTEST_*`.
   uint32_t read[EAR_MAX_RANKS];
+  // `ear_selftest_push`'s time: the longest any of its CTAs took to store its share into the
+  // next rank's workspace, until its stores were performed system-wide (ns; 0: not run).
+  uint64_t push_ns;
 } EarSelfTestResult;
 
 // The only argument of `ear_selftest`, passed by value. 176 bytes, 8-byte aligned, no
@@ -297,8 +312,21 @@ typedef struct EarSelfTestParams {
   // Fault injection (tests): bit p set (p != rank), this rank writes a wrong token to peer p;
   // bit `rank` set, a wrong token into its own slot (every peer's read of it is wrong).
   uint32_t garble_mask;
-  // Zero.
-  uint32_t reserved;
+  // 1: the read path is probed too (a load from every peer's workspace); 0: the kernel issues
+  // no peer load (where no pulling family may run, a load that might never return is not
+  // risked) and reports the reads [`EAR_SELFTEST_SKIPPED`]. The same on every rank.
+  uint32_t probe_reads;
 } EarSelfTestParams;
+
+// The only argument of `ear_selftest_push`, by value: it stores `bytes` (a multiple of 16) from
+// `src` (local) into `dst` (the next rank's workspace) and records its time in `result`. Launch:
+// grid [`EAR_SELFTEST_PUSH_CTAS`], block [`EAR_SELFTEST_PUSH_THREADS`], after `ear_selftest`
+// on the same stream. 32 bytes.
+typedef struct EarSelfTestPushParams {
+  void *dst;
+  const void *src;
+  uint64_t bytes;
+  struct EarSelfTestResult *result;
+} EarSelfTestPushParams;
 
 #endif  /* EAR_CONTRACT_H */

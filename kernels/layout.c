@@ -30,6 +30,19 @@ uint64_t ear_selftest_token(uint32_t src, uint32_t dst, uint32_t round)
     return EAR_SELFTEST_TOKEN(src, dst, round);
 }
 
+/* Offset of one-shot bank `bank` (0 or 1) from a workspace's base, and its size: the peer self-test's
+ * bandwidth check stores into the next rank's bank 0 from its own bank 1 (src/group/selftest.rs). */
+uint64_t ear_oneshot_bank_offset(uint64_t max_msg_bytes, int32_t nranks, uint32_t bank)
+{
+    (void)nranks; /* the one-shot banks come first in the data region, at every rank count */
+    return EAR_SIGNAL_BYTES + EAR_OFF_ONESHOT(max_msg_bytes, (uint64_t)nranks) + bank * EAR_ONESHOT_BANK_BYTES(max_msg_bytes);
+}
+
+uint64_t ear_oneshot_bank_bytes(uint64_t max_msg_bytes)
+{
+    return EAR_ONESHOT_BANK_BYTES(max_msg_bytes);
+}
+
 uint64_t ear_selftest_params_size(void)
 {
     return sizeof(EarSelfTestParams);

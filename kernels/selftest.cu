@@ -7,6 +7,11 @@
 // or a load never return; the all-reduce kernels would then hang (until their own bound) or sum
 // garbage, silently. The test finds it in well under a second, and names the pair.
 //
+// The read path is probed only when a family that loads from peers may run on the group
+// (probe_reads: the host decides it alike on every rank; src/group/selftest.rs): where none may,
+// the kernel issues no peer load at all, since on some platforms (peer writes only) a peer load
+// never returns and would wedge the GPU, and reports the reads SKIPPED.
+//
 // Protocol. One launch per rank (grid 1, block EAR_SELFTEST_THREADS, EarSelfTestParams by
 // value), every rank at about the same time, each on its own device and stream; the ranks'
 // workspaces are mapped into each other (allreduce_params.h: the self-test area after the data
@@ -102,7 +107,7 @@ __device__ __forceinline__ void selftest(const EarSelfTestParams& p) {
     const uint4 want_write = token_vec(EAR_SELFTEST_TOKEN(q, r, p.round));
     const uint4 want_read = token_vec(EAR_SELFTEST_TOKEN(q, q, p.round));
     uint32_t write = EAR_SELFTEST_PENDING;
-    uint32_t read = local != nullptr ? EAR_SELFTEST_PENDING : EAR_SELFTEST_UNMAPPED;
+    uint32_t read = !p.probe_reads ? EAR_SELFTEST_SKIPPED : local != nullptr ? EAR_SELFTEST_PENDING : EAR_SELFTEST_UNMAPPED;
     if (read != EAR_SELFTEST_PENDING) st_volatile_u32(&out->read[q], read);
     uint4 seen_write = make_uint4(0u, 0u, 0u, 0u), seen_read = seen_write;
     for (;;) {
@@ -144,4 +149,28 @@ __device__ __forceinline__ void selftest(const EarSelfTestParams& p) {
 extern "C" __global__ void __launch_bounds__(EAR_SELFTEST_THREADS, 1)
     ear_selftest(const __grid_constant__ EarSelfTestParams params) {
   ear::selftest(params);
+}
+
+// The bandwidth check, launched after ear_selftest on the same stream where the group's ranks
+// are on separate GPUs: EAR_SELFTEST_PUSH_CTAS CTAs store `bytes` from our workspace into the
+// next rank's, 16-byte vectors grid-stride, as the pushing kernels move their data. Each thread
+// fences at system scope after its stores (they are then performed where the peer sees them), and
+// each CTA records its time from its own start; the slowest CTA's is the result (atomicMax into a
+// zeroed word). A fabric that carries peer writes at a small fraction of a PCIe link's rate (PCIe
+// ACS routing through the root complex, a misconfigured switch) takes NCCL (src/group/selftest.rs).
+// It writes the next rank's one-shot bank 0, which no call reads before staging it again.
+extern "C" __global__ void __launch_bounds__(EAR_SELFTEST_PUSH_THREADS, 1)
+    ear_selftest_push(const __grid_constant__ EarSelfTestPushParams p) {
+  const uint64_t start = ear::globaltimer();
+  const uint64_t vecs = p.bytes / 16u;
+  const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
+  const char* src = static_cast<const char*>(p.src);
+  char* dst = static_cast<char*>(p.dst);
+  for (uint64_t i = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < vecs; i += stride)
+    ear::st_vec(dst + 16u * i, *reinterpret_cast<const uint4*>(src + 16u * i));
+  __threadfence_system();
+  __syncthreads();
+  if (threadIdx.x == 0)
+    atomicMax(reinterpret_cast<unsigned long long*>(&p.result->push_ns),
+              static_cast<unsigned long long>(ear::globaltimer() - start));
 }

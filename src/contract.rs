@@ -241,9 +241,12 @@ pub const EAR_SELFTEST_WRONG: u32 = 3;
 /// The host gave no address for the peer's workspace (its mapping failed): nothing was written
 /// to it or read from it (read entries only).
 pub const EAR_SELFTEST_UNMAPPED: u32 = 4;
+/// The read path was not probed (`EarSelfTestParams::probe_reads` 0: no family that loads from
+/// peers may run on the group): no load was issued (read entries only).
+pub const EAR_SELFTEST_SKIPPED: u32 = 5;
 
 /// What one rank's `ear_selftest` reports, in host-mapped memory (the host reads it after the
-/// kernel ended, or, for a kernel that did not end, as far as it got). 144 bytes.
+/// kernel ended, or, for a kernel that did not end, as far as it got). 152 bytes.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct EarSelfTestResult {
@@ -258,6 +261,28 @@ pub struct EarSelfTestResult {
     /// `read[q]`: what this rank's loads of rank q's own slot returned (the path rank -> q, a
     /// peer's memory read over the link); `EAR_SELFTEST_*`.
     pub read: [u32; EAR_MAX_RANKS],
+    /// `ear_selftest_push`'s time: the longest any of its CTAs took to store its share into the
+    /// next rank's workspace, until its stores were performed system-wide (ns; 0: not run).
+    pub push_ns: u64,
+}
+
+/// The CTAs and threads of `ear_selftest_push`, and the most it stores: a short bandwidth check
+/// of the link to the next rank (tens of microseconds on a healthy link).
+pub const EAR_SELFTEST_PUSH_CTAS: u32 = 8;
+pub const EAR_SELFTEST_PUSH_THREADS: u32 = 512;
+pub const EAR_SELFTEST_PUSH_BYTES: u64 = 256 << 10;
+
+/// The only argument of `ear_selftest_push`, by value: it stores `bytes` (a multiple of 16) from
+/// `src` (local) into `dst` (the next rank's workspace) and records its time in `result`. Launch:
+/// grid [`EAR_SELFTEST_PUSH_CTAS`], block [`EAR_SELFTEST_PUSH_THREADS`], after `ear_selftest`
+/// on the same stream. 32 bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct EarSelfTestPushParams {
+    pub dst: *mut c_void,
+    pub src: *const c_void,
+    pub bytes: u64,
+    pub result: *mut EarSelfTestResult,
 }
 
 /// The only argument of `ear_selftest`, passed by value. 176 bytes, 8-byte aligned, no
@@ -291,8 +316,10 @@ pub struct EarSelfTestParams {
     /// Fault injection (tests): bit p set (p != rank), this rank writes a wrong token to peer p;
     /// bit `rank` set, a wrong token into its own slot (every peer's read of it is wrong).
     pub garble_mask: u32,
-    /// Zero.
-    pub reserved: u32,
+    /// 1: the read path is probed too (a load from every peer's workspace); 0: the kernel issues
+    /// no peer load (where no pulling family may run, a load that might never return is not
+    /// risked) and reports the reads [`EAR_SELFTEST_SKIPPED`]. The same on every rank.
+    pub probe_reads: u32,
 }
 
 /// The only argument of the fused all-reduce + residual (+ bias) + RMSNorm kernels, passed by
@@ -337,7 +364,8 @@ mod tests {
         assert_eq!(offset_of!(EarFusedParams, eps), 252);
         assert_eq!(size_of::<EarSelfTestParams>(), 176);
         assert_eq!(offset_of!(EarSelfTestParams, rank), 152);
-        assert_eq!(size_of::<EarSelfTestResult>(), 144);
+        assert_eq!(size_of::<EarSelfTestResult>(), 152);
+        assert_eq!(size_of::<EarSelfTestPushParams>(), 32);
         assert_eq!(offset_of!(EarSelfTestResult, read), 80);
     }
 

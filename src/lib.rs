@@ -39,6 +39,7 @@ mod link;
 mod loader;
 mod log;
 mod nccl;
+mod nvml;
 mod overlay;
 mod plugin;
 mod tensor;
@@ -75,6 +76,7 @@ pub mod tuning {
 pub use launch::{Fits, FusedCall, Message};
 pub use link::{describe as describe_links, group_class, pair_facts, query as link_facts, LinkClass, PairFacts};
 pub use nccl::dtype_code as nccl_dtype_code;
+pub use nvml::{p2p as nvml_p2p, P2p};
 pub use plugin::fields::{FusionOp, PluginConfig};
 pub use plugin::{requested, PluginCore};
 pub use tensor::{DataType, TensorDesc};

@@ -25,10 +25,15 @@
 //!   taken as PCIe (the cautious tables: they never push large messages into peers); access
 //!   unknown is taken as no peer (nothing can be assumed to reach the peer).
 //!
+//! - NVML (optional, `crate::nvml`) reports peer writes unsupported: [`LinkClass::NoPeer`]
+//!   (every family writes into its peers). Peer reads unsupported leave the class as it is, and
+//!   no family that loads from peers runs on the group ([`reads_supported`]).
+//!
 //! The performance rank (`CU_DEVICE_P2P_ATTRIBUTE_PERFORMANCE_RANK`, "0 being the value used
 //! for most performant link") is kept for the log only: it orders the links of one machine, not
 //! link kinds across machines, so it decides no class.
 
+use crate::nvml::P2p;
 use std::fmt::Write as _;
 
 /// How the bytes between two ranks travel, from best to worst (the derived order: a group's
@@ -102,6 +107,8 @@ pub struct PairFacts {
     pub native_atomics: Option<bool>,
     /// `CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED`.
     pub access: Option<bool>,
+    /// What NVML reports of peer reads and writes ([`P2p::UNKNOWN`] without NVML).
+    pub p2p: P2p,
 }
 
 impl PairFacts {
@@ -112,7 +119,18 @@ impl PairFacts {
         native_atomics: Option<bool>,
         perf_rank: Option<i32>,
     ) -> PairFacts {
-        PairFacts { class: classify(same_device, access, native_atomics, perf_rank), perf_rank, native_atomics, access }
+        let class = classify(same_device, access, native_atomics, perf_rank);
+        PairFacts { class, perf_rank, native_atomics, access, p2p: P2p::UNKNOWN }
+    }
+
+    /// The same facts with NVML's: peer writes unsupported take the pair to no peer access.
+    pub fn with_p2p(self, p2p: P2p) -> PairFacts {
+        let class = if p2p.writes == Some(false) && self.class != LinkClass::SameDevice {
+            LinkClass::NoPeer
+        } else {
+            self.class
+        };
+        PairFacts { class, p2p, ..self }
     }
 
     /// Two ranks on one device: nothing to ask the driver.
@@ -158,14 +176,25 @@ pub fn pair_facts(devices: &[i32], query: impl Fn(i32, i32) -> PairFacts) -> Vec
     out
 }
 
-/// The facts of the link from `device` to `peer` as this machine's driver reports them (two
-/// distinct device ordinals; the same ordinal twice is [`PairFacts::same_device`]).
+/// The facts of the link from `device` to `peer` as this machine's driver (and NVML, where
+/// there is one) reports them (two distinct device ordinals; the same ordinal twice is
+/// [`PairFacts::same_device`]).
 pub fn query(device: i32, peer: i32) -> PairFacts {
     if device == peer {
         return PairFacts::same_device();
     }
     let a = crate::cuda::p2p_attributes(device, peer);
-    PairFacts::new(false, a.access, a.native_atomics, a.perf_rank)
+    let p2p = match (crate::cuda::pci_bus_id(device), crate::cuda::pci_bus_id(peer)) {
+        (Ok(from), Ok(to)) => crate::nvml::p2p(&from, &to),
+        _ => P2p::UNKNOWN,
+    };
+    PairFacts::new(false, a.access, a.native_atomics, a.perf_rank).with_p2p(p2p)
+}
+
+/// Whether no pair's peer reads are reported unsupported (NVML): else no family that loads
+/// from peers may run on the group, and its self-test issues no peer load.
+pub(crate) fn reads_supported(facts: &[PairFacts]) -> bool {
+    facts.iter().all(|f| f.p2p.reads != Some(false))
 }
 
 /// One info line for a group's links: `links: NVLink (all 2 pairs)`, `links: PCIe (all 12
@@ -210,6 +239,10 @@ pub fn describe(facts: &[PairFacts]) -> String {
     if unknown_atomics > 0 {
         let _ =
             write!(line, " (native atomics unknown for {unknown_atomics} {}: taken as PCIe)", plural(unknown_atomics));
+    }
+    let no_reads = facts.iter().filter(|f| f.p2p.reads == Some(false)).count();
+    if no_reads > 0 {
+        let _ = write!(line, " (peer reads unsupported for {no_reads} {} (NVML): no pulling family)", plural(no_reads));
     }
     let unknown_access = facts.iter().filter(|f| f.class == LinkClass::NoPeer && f.access.is_none()).count();
     if unknown_access > 0 {
@@ -303,6 +336,19 @@ mod tests {
         assert_eq!(group_class(&[]), LinkClass::SameDevice);
         assert_eq!(describe(&[]), "links: none (one rank)");
         assert_eq!(query(2, 2), PairFacts::same_device(), "no driver needed");
+    }
+
+    #[test]
+    fn nvml_says_which_directions_work() {
+        let writes_only = P2p { reads: Some(false), writes: Some(true) };
+        let f = topology(&[0, 1], |_, _| pcie(0).with_p2p(writes_only));
+        assert_eq!(group_class(&f), LinkClass::Pcie, "reads unsupported: still PCIe");
+        assert!(!reads_supported(&f));
+        assert!(describe(&f).ends_with("(peer reads unsupported for 2 pairs (NVML): no pulling family)"));
+        let no_writes = P2p { reads: Some(true), writes: Some(false) };
+        assert_eq!(pcie(0).with_p2p(no_writes).class, LinkClass::NoPeer, "writes unsupported: no peer");
+        assert_eq!(PairFacts::same_device().with_p2p(no_writes).class, LinkClass::SameDevice);
+        assert!(reads_supported(&[pcie(0), pcie(0).with_p2p(P2p::UNKNOWN)]), "unknown: supported");
     }
 
     #[test]

@@ -37,6 +37,7 @@ use edgellm_test_support as data;
 /// The status codes of a verdict's entries (`EAR_SELFTEST_*`, src/contract.rs).
 const PASSED: u8 = 1;
 const NOT_SEEN: u8 = 2;
+const SKIPPED: u8 = 5;
 
 /// What "well under a second" is asserted as: only a hang fails it.
 const HANG: Duration = Duration::from_secs(5);
@@ -145,6 +146,64 @@ fn a_healthy_simulated_group_passes() {
         all_reduce_is_correct(&group, &streams, 100);
         assert_eq!(group.fault(), None);
         assert!(!group.is_retired());
+    }
+}
+
+#[test]
+#[ignore = "needs a GPU: run with --ignored on the GPU machine"]
+fn without_pulling_families_the_self_test_issues_no_peer_load() {
+    // A group on which no family loads from its peers (PCIe without a tuning file that chose
+    // one, or peer reads unsupported) probes the write path alone: every kernel reports its reads
+    // SKIPPED (it issued no peer load), the writes PASSED, and the group passes; a dropped write
+    // still fails it.
+    let _ctx = gpu();
+    let watchdog = Watchdog::start(Duration::from_secs(120));
+    let no_reads = SelfTestInjection { probe_reads: Some(false), bound: bound(50), ..Default::default() };
+    for nranks in [2, 4, 8] {
+        watchdog.at(format!("reads not probed, {nranks} ranks"));
+        let group = Group::simulated(0, nranks, 1 << 20).unwrap();
+        let verdicts = each_rank(&group, &no_reads);
+        for v in &verdicts {
+            assert_eq!(v.state, RankState::Finished, "{v:?}");
+            for q in (0..nranks as usize).filter(|&q| q != v.rank as usize) {
+                assert_eq!((v.write[q], v.read[q]), (PASSED, SKIPPED), "rank {} of {nranks}, peer {q}: {v:?}", v.rank);
+            }
+        }
+        every_rank_decides(&verdicts, &Ok(()));
+        assert!(in_process(&group, &no_reads).0.is_ok());
+        let dropped = SelfTestInjection { drop_writes: vec![(0, 1)], ..no_reads.clone() };
+        let verdicts = each_rank(&group, &dropped);
+        let decided = self_test_decide(&verdicts).unwrap_err();
+        assert_eq!((decided.kind, decided.a, decided.b), (SelfTestKind::WriteLost, 0, Some(1)), "{decided}");
+        println!("reads not probed, {nranks} ranks: every read SKIPPED, writes checked");
+    }
+}
+
+#[test]
+#[ignore = "needs a GPU: run with --ignored on the GPU machine"]
+fn the_bandwidth_check_times_each_ranks_push_and_fails_a_slow_one() {
+    // Simulated ranks share one device, where the check does not run by itself (no link to
+    // time): forced here. Every rank reports its rate; the group passes above the bound and
+    // fails, naming the slowest rank's push, below it.
+    let _ctx = gpu();
+    let watchdog = Watchdog::start(Duration::from_secs(120));
+    let measured = SelfTestInjection { measure_push: Some(true), bound: bound(50), ..Default::default() };
+    for nranks in [2, 4, 8] {
+        watchdog.at(format!("bandwidth check, {nranks} ranks"));
+        let group = Group::simulated(0, nranks, 1 << 20).unwrap();
+        let verdicts = each_rank(&group, &measured);
+        for v in &verdicts {
+            assert_eq!(v.state, RankState::Finished, "{v:?}");
+            assert!(v.push_mbps > 0, "rank {} of {nranks} measured no push: {v:?}", v.rank);
+        }
+        let rates: Vec<u32> = verdicts.iter().map(|v| v.push_mbps).collect();
+        every_rank_decides(&verdicts, &Ok(()));
+        assert!(in_process(&group, &measured).0.is_ok());
+        let strict = SelfTestInjection { min_push_mbps: Some(u32::MAX), ..measured.clone() };
+        let f = failure(in_process(&group, &strict).0);
+        assert_eq!(f.kind, SelfTestKind::SlowLink, "{f}");
+        assert!(f.push_mbps.is_some_and(|m| m > 0), "{f}");
+        println!("bandwidth check, {nranks} ranks on one device: {rates:?} MB/s; under an impossible bound: {f}");
     }
 }
 

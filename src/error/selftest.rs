@@ -23,6 +23,9 @@ pub enum SelfTestKind {
     ReadWrong,
     /// Rank a's loads of rank b's workspace never returned b's token within the bound.
     ReadTimedOut,
+    /// Rank a's stores into rank b's workspace ran far slower than a PCIe link carries (the
+    /// bandwidth check); every token arrived.
+    SlowLink,
 }
 
 impl SelfTestKind {
@@ -36,6 +39,7 @@ impl SelfTestKind {
             SelfTestKind::WriteWrong => "write wrong",
             SelfTestKind::ReadWrong => "read wrong",
             SelfTestKind::ReadTimedOut => "read timed out",
+            SelfTestKind::SlowLink => "slow link",
         }
     }
 }
@@ -90,6 +94,8 @@ pub struct SelfTestFailure {
     pub others: Vec<SelfTestProblem>,
     /// What the host saw besides the verdicts (a CUDA error), when it ran the kernels itself.
     pub detail: Option<String>,
+    /// For [`SelfTestKind::SlowLink`]: the rate measured (MB/s).
+    pub push_mbps: Option<u32>,
 }
 
 impl SelfTestFailure {
@@ -138,6 +144,11 @@ impl fmt::Display for SelfTestFailure {
                 f,
                 "rank {a} -> rank {b} ({da} reading {db}): rank {a}'s loads from rank {b}'s workspace never returned rank {b}'s value within the bound (read timed out)"
             )?,
+            SelfTestKind::SlowLink => write!(
+                f,
+                "rank {a} -> rank {b} ({da} -> {db}): rank {a}'s stores into rank {b}'s workspace ran at {:.1} GB/s, far below what a PCIe link carries (~25 GB/s at Gen4 x16), so NCCL is faster on these links (slow link)",
+                self.push_mbps.unwrap_or(0) as f64 / 1000.0
+            )?,
         }
         if !self.others.is_empty() {
             let listed: Vec<String> = self.others.iter().take(6).map(ToString::to_string).collect();
@@ -149,6 +160,11 @@ impl fmt::Display for SelfTestFailure {
         }
         if self.kind == SelfTestKind::NotRun {
             write!(f, ". That is not a fault of the links: that rank's log says why it did not take part")?;
+        } else if self.kind == SelfTestKind::SlowLink {
+            write!(
+                f,
+                ". Peer-to-peer writes this slow usually mean the fabric routes them through the CPU: disable PCIe ACS on the switches and root ports between the GPUs (BIOS setting, or setpci), set the IOMMU to passthrough (iommu=pt) or off; `edgellm-allreduce-bench probe --mode peers` measures every pair"
+            )?;
         } else {
             write!(
                 f,

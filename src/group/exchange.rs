@@ -16,6 +16,7 @@ use crate::error::{Error, Result};
 use crate::group::device::{self, Registration};
 use crate::group::selftest::{self, RankVerdict, SelfTestInjection, VERDICT_BYTES};
 use crate::group::{self, Group, Member};
+use crate::launch::strategy::pulls_enabled;
 use crate::link::{self, LinkClass, PairFacts};
 use crate::nccl::communicator::{self, CommInfo};
 
@@ -94,12 +95,13 @@ pub(crate) fn exchange(device: i32, registration: &Registration, info: CommInfo,
         let first = gather(&mine.encode());
         // A rank that could not allocate has no group; it still takes part in every gather.
         let mut group = member.as_ref().and_then(|_| Group::empty(info.nranks, max_bytes, 1).ok());
-        let (standing, why_here, links_here) = match (&first, &member, &mut group) {
-            (Err(e), _, _) => (Standing::GatherFailed, format!("the first gather failed: {e}"), LinkClass::NoPeer),
+        let no_links = || (LinkClass::NoPeer, false);
+        let (standing, why_here, (links_here, reads_here)) = match (&first, &member, &mut group) {
+            (Err(e), _, _) => (Standing::GatherFailed, format!("the first gather failed: {e}"), no_links()),
             (Ok(all), Some(m), Some(group)) => {
                 let records: Vec<Option<Record>> = all.chunks_exact(RECORD_BYTES).map(Record::decode).collect();
                 match agree(&records, info.nranks) {
-                    Err(why) => (Standing::Refused, why, LinkClass::NoPeer),
+                    Err(why) => (Standing::Refused, why, no_links()),
                     // Every rank sees the same records: the same grid cap everywhere.
                     Ok(max_blocks) => {
                         group.max_blocks = max_blocks;
@@ -114,23 +116,30 @@ pub(crate) fn exchange(device: i32, registration: &Registration, info: CommInfo,
             (Ok(all), _, _) => {
                 let records: Vec<Option<Record>> = all.chunks_exact(RECORD_BYTES).map(Record::decode).collect();
                 let why = agree(&records, info.nranks).err().unwrap_or_else(|| "no workspace here".to_owned());
-                (Standing::Refused, why, LinkClass::NoPeer)
+                (Standing::Refused, why, no_links())
             }
         };
         if let (Some(group), Some(m)) = (&mut group, member) {
             group.members[info.rank as usize] = Some(m); // from here on Drop releases it
         }
 
-        // Second round: everyone learns how everyone stands, and the links each saw (the group
-        // takes the worst, the same on every rank).
-        let second = gather(&[standing as u8, links_here.code()]);
-        let (all_ready, links) = match &second {
+        // Second round: everyone learns how everyone stands, the links each saw and whether it
+        // saw peer reads supported (the group takes the worst, the same on every rank).
+        let second = gather(&[standing as u8, links_here.code(), reads_here as u8]);
+        let (all_ready, links, reads) = match &second {
             Ok(all) => (
-                all.chunks_exact(2).all(|p| p[0] == Standing::Ready as u8),
-                all.chunks_exact(2).map(|p| LinkClass::from_code(p[1]).unwrap_or(LinkClass::NoPeer)).max(),
+                all.chunks_exact(3).all(|p| p[0] == Standing::Ready as u8),
+                all.chunks_exact(3).map(|p| LinkClass::from_code(p[1]).unwrap_or(LinkClass::NoPeer)).max(),
+                all.chunks_exact(3).all(|p| p[2] == 1),
             ),
-            Err(_) => (false, None),
+            Err(_) => (false, None, false),
         };
+        if let Some(group) = &mut group {
+            // What the self-test probes and the strategy allows follow from the links alike on
+            // every rank.
+            group.links = links.unwrap_or(LinkClass::NoPeer);
+            group.pulls = reads && pulls_enabled(group.links, info.nranks, crate::launch::tuning::active());
+        }
 
         // Third round, always: the peer self-test where every rank stands ready (all ranks that
         // saw the second gather know it alike), each rank's verdict gathered.
@@ -139,9 +148,8 @@ pub(crate) fn exchange(device: i32, registration: &Registration, info: CommInfo,
 
         match (first, second, group) {
             (Err(e), _, _) | (_, Err(e), _) => Err(e),
-            (Ok(_), Ok(_), Some(mut group)) if all_ready => {
+            (Ok(_), Ok(_), Some(group)) if all_ready => {
                 tested?;
-                group.links = links.unwrap_or(LinkClass::NoPeer);
                 crate::log::info(&format!(
                     "device {device}: rank {} of {}: links as the ranks saw them: {}",
                     info.rank,
@@ -154,10 +162,10 @@ pub(crate) fn exchange(device: i32, registration: &Registration, info: CommInfo,
                 why_here
             } else {
                 let (r, p) = all
-                    .chunks_exact(2)
+                    .chunks_exact(3)
                     .enumerate()
                     .find(|(_, p)| p[0] != Standing::Ready as u8)
-                    .unwrap_or((0, &[0, 0]));
+                    .unwrap_or((0, &[0, 0, 0]));
                 Standing::describe(p[0], r)
             })),
         }
@@ -242,11 +250,12 @@ fn self_test(gather: &dyn Fn(&[u8]) -> Result<Vec<u8>>, info: CommInfo, group: O
     })
 }
 
-/// The worst class of this rank's links to its peers, from the driver where the peer's device
-/// is visible in this process (by PCI bus id); a peer it cannot see (`CUDA_VISIBLE_DEVICES`
-/// hides it) counts as PCIe: the kernels read the IPC mapping, the self-test checks it, and
-/// AUTO takes the tables that never push large messages through peer writes.
-fn links_seen(device: i32, rank: i32, records: &[Option<Record>]) -> LinkClass {
+/// The worst class of this rank's links to its peers, and whether peer reads are supported on
+/// all of them (NVML), from the driver where the peer's device is visible in this process (by
+/// PCI bus id); a peer it cannot see (`CUDA_VISIBLE_DEVICES` hides it) counts as PCIe (the
+/// cautious tables), with what NVML says of it.
+fn links_seen(device: i32, rank: i32, records: &[Option<Record>]) -> (LinkClass, bool) {
+    let mine = cuda::pci_bus_id(device).unwrap_or_default();
     let facts: Vec<PairFacts> = records
         .iter()
         .flatten()
@@ -254,15 +263,21 @@ fn links_seen(device: i32, rank: i32, records: &[Option<Record>]) -> LinkClass {
         .filter(|&(r, _)| r as i32 != rank)
         .map(|(_, rec)| match ordinal_of_bus(&rec.bus) {
             Some(peer) => link::query(device, peer),
-            None => PairFacts { class: LinkClass::Pcie, perf_rank: None, native_atomics: None, access: None },
+            // NVML knows every GPU of the machine, CUDA_VISIBLE_DEVICES or not.
+            None => PairFacts::new(false, Some(true), None, None).with_p2p(crate::nvml::p2p(&mine, bus_text(&rec.bus))),
         })
         .collect();
-    link::group_class(&facts)
+    (link::group_class(&facts), link::reads_supported(&facts))
+}
+
+/// A record's bus id as text (NUL padding cut).
+fn bus_text(bus: &[u8; 16]) -> &str {
+    std::str::from_utf8(bus).unwrap_or("").trim_end_matches('\0')
 }
 
 /// The ordinal, in this process, of the device with PCI bus id `bus` (NUL-padded), if visible.
 fn ordinal_of_bus(bus: &[u8; 16]) -> Option<i32> {
-    let id = std::str::from_utf8(bus).ok()?.trim_end_matches('\0');
+    let id = bus_text(bus);
     (!id.is_empty()).then_some(())?;
     (0..cuda::device_count().ok()?).find(|&d| cuda::pci_bus_id(d).is_ok_and(|b| b == id))
 }

@@ -123,6 +123,10 @@ pub struct Group {
     /// (`Fits::link_class`): AUTO's tables follow it. NVLink until group formation measures it
     /// (`crate::link::pair_facts`, issue 29).
     pub(crate) links: LinkClass,
+    /// Whether families that load from their peers may run on the group
+    /// (`crate::launch::strategy::pulls_enabled` for its links, and no pair's peer reads
+    /// reported unsupported): its self-test then probes peer loads too, and only then.
+    pub(crate) pulls: bool,
 }
 
 impl Group {
@@ -160,6 +164,7 @@ impl Group {
             peer_ws: [DevicePtr::NULL; EAR_MAX_RANKS],
             links_exchange: false,
             links: LinkClass::NvLink,
+            pulls: true,
         })
     }
 
@@ -181,6 +186,8 @@ impl Group {
         group.links_exchange = every_ordered_pair(devices, cuda::p2p_exchange_128);
         let facts = crate::link::pair_facts(devices, crate::link::query);
         group.links = crate::link::group_class(&facts);
+        group.pulls = crate::link::reads_supported(&facts)
+            && crate::launch::strategy::pulls_enabled(group.links, group.nranks, crate::launch::tuning::active());
         crate::log::info(&format!("devices {devices:?}: {}", crate::link::describe(&facts)));
         // No custom kernel runs before every link carried the self-test's stores and loads.
         group.self_test(&selftest::SelfTestInjection::configured())?; // faults: the test hook's alone

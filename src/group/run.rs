@@ -140,6 +140,9 @@ impl Fits for Group {
             self.links
         }
     }
+    fn pulls(&self) -> bool {
+        self.pulls
+    }
     fn serves(&self, family: Family, dtype: DataType, message: &Message) -> bool {
         let fits = match message.rows {
             None => family.fits(message.bytes, self.max_bytes),

@@ -28,7 +28,8 @@
 //! synchronize, a free) until the process exits or the GPU is reset.
 
 use crate::contract::{
-    EarSelfTestParams, EarSelfTestResult, EAR_MAX_RANKS, EAR_SELFTEST_MAGIC, EAR_SELFTEST_PASSED, EAR_SELFTEST_THREADS,
+    EarSelfTestParams, EarSelfTestPushParams, EarSelfTestResult, EAR_MAX_RANKS, EAR_SELFTEST_MAGIC,
+    EAR_SELFTEST_PASSED, EAR_SELFTEST_PUSH_CTAS, EAR_SELFTEST_PUSH_THREADS, EAR_SELFTEST_SKIPPED, EAR_SELFTEST_THREADS,
     EAR_SELFTEST_UNMAPPED, EAR_SELFTEST_WRONG,
 };
 use crate::cuda::{DevicePtr, Function, MappedHost, OwnedStream};
@@ -45,6 +46,13 @@ mod verdict;
 pub use injection::*;
 #[cfg_attr(not(feature = "test-hooks"), allow(unreachable_pub))]
 pub use verdict::*;
+
+/// The slowest push the bandwidth check takes (MB/s): a fabric whose peer writes run at a small
+/// fraction of a PCIe x16 link's ~25 GB/s (Gen4) takes NCCL, which is faster there. 4 GB/s is a
+/// sixth of it, above the 2.6 GB/s of peer writes measured on a 16-GPU fabric that routes them
+/// through the root complex (local-inference-lab/b12x#139), below what one PCIe Gen3 x16 or Gen4
+/// x8 link carries.
+pub(crate) const MIN_PUSH_MBPS: u32 = 4000;
 
 /// How long the host waits beyond the kernel's bound before it reports a kernel as not finished:
 /// covers the launches and the start of the kernels (a healthy kernel ends within its bound).
@@ -88,6 +96,10 @@ pub(crate) struct RankInjection {
     pub garble_mask: u32,
     /// The host does not launch the rank's kernel.
     pub not_launched: bool,
+    /// Whether the read path is probed, instead of the group's answer.
+    pub probe_reads: Option<bool>,
+    /// Whether the bandwidth check runs, instead of the group's answer.
+    pub measure_push: Option<bool>,
 }
 
 /// What one rank's kernel needs.
@@ -106,7 +118,23 @@ pub(crate) struct RankSelfTest {
     pub max_bytes: u64,
     /// Identical on every rank; new for each self-test of the same workspaces (1 for the first).
     pub round: u32,
+    /// Whether the read path is probed (identical on every rank: `Group::pulls`).
+    pub probe_reads: bool,
+    /// The bandwidth check into the next rank (on groups whose ranks are on separate GPUs).
+    pub push: Option<PushCheck>,
     pub inject: RankInjection,
+}
+
+/// What a rank's bandwidth check stores, and where (`ear_selftest_push`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct PushCheck {
+    pub function: Function,
+    /// The next rank's one-shot bank 0 (no call reads it before staging it again).
+    pub dst: DevicePtr,
+    /// This rank's one-shot bank 1.
+    pub src: DevicePtr,
+    /// At most `EAR_SELFTEST_PUSH_BYTES`, a multiple of 16.
+    pub bytes: u64,
 }
 
 impl RankSelfTest {
@@ -121,7 +149,7 @@ impl RankSelfTest {
             round: self.round,
             skip_mask: self.inject.skip_mask,
             garble_mask: self.inject.garble_mask,
-            reserved: 0,
+            probe_reads: self.probe_reads as u32,
         }
     }
 }
@@ -173,6 +201,23 @@ fn run_ranks(ranks: &[RankSelfTest], bounds: Bounds) -> Vec<(RankVerdict, Option
             // while the caller holds it, and never freed if this kernel does not finish), the
             // result block is ours (leaked if it does not finish); grid 1, its block size.
             unsafe { launch.run(&params, stream.stream()) }?;
+            if let Some(p) = &r.push {
+                let launch = Launch {
+                    function: p.function,
+                    grid: EAR_SELFTEST_PUSH_CTAS,
+                    block: EAR_SELFTEST_PUSH_THREADS,
+                    pdl: false,
+                };
+                let params = EarSelfTestPushParams {
+                    dst: p.dst.as_mut(),
+                    src: p.src.as_const(),
+                    bytes: p.bytes,
+                    result: block(i),
+                };
+                // SAFETY: its own parameter block: `bytes` of the next rank's bank 0 and of ours
+                // (the group's workspaces, kept as above), the result block as above.
+                unsafe { launch.run(&params, stream.stream()) }?;
+            }
             Ok(stream)
         });
         match launched {
@@ -237,6 +282,12 @@ fn run_ranks(ranks: &[RankSelfTest], bounds: Bounds) -> Vec<(RankVerdict, Option
                 verdict.write = result.write.map(|s| s.min(255) as u8);
                 verdict.read = result.read.map(|s| s.min(255) as u8);
                 verdict.elapsed_ns = if done { result.elapsed_ns } else { 0 };
+                verdict.push_mbps = match (&runs[i], r.push) {
+                    (Run::Finished, Some(p)) if result.push_ns > 0 => {
+                        (p.bytes.saturating_mul(1000) / result.push_ns).clamp(1, u32::MAX as u64) as u32
+                    }
+                    _ => 0,
+                };
             }
             (verdict, detail)
         })
@@ -277,6 +328,7 @@ unsafe fn read_block(block: *const EarSelfTestResult) -> EarSelfTestResult {
             elapsed_ns: std::ptr::addr_of!((*block).elapsed_ns).read_volatile(),
             write: std::array::from_fn(|q| std::ptr::addr_of!((*block).write[q]).read_volatile()),
             read: std::array::from_fn(|q| std::ptr::addr_of!((*block).read[q]).read_volatile()),
+            push_ns: std::ptr::addr_of!((*block).push_ns).read_volatile(),
         }
     }
 }
@@ -286,7 +338,11 @@ unsafe fn read_block(block: *const EarSelfTestResult) -> EarSelfTestResult {
 /// A rank missing from `ranks` counts as not run. Err names the first problem (with what the
 /// host saw besides, a CUDA error, in `detail`); when
 /// [`SelfTestFailure::kernels_may_still_run`], the caller must never free the workspaces.
-pub(crate) fn run_in_process(ranks: &[RankSelfTest], bounds: Bounds) -> std::result::Result<(), SelfTestFailure> {
+pub(crate) fn run_in_process(
+    ranks: &[RankSelfTest],
+    bounds: Bounds,
+    min_push_mbps: u32,
+) -> std::result::Result<(), SelfTestFailure> {
     let nranks = ranks.first().map_or(0, |r| r.nranks).max(0);
     let mut verdicts: Vec<RankVerdict> = (0..nranks).map(|r| RankVerdict::not_run(r, nranks, -1)).collect();
     let mut details = Vec::new();
@@ -298,7 +354,7 @@ pub(crate) fn run_in_process(ranks: &[RankSelfTest], bounds: Bounds) -> std::res
             *slot = verdict;
         }
     }
-    decide(&verdicts).map_err(|mut failure| {
+    decide_with(&verdicts, min_push_mbps).map_err(|mut failure| {
         failure.detail = (!details.is_empty()).then(|| details.join("; "));
         failure
     })

@@ -14,14 +14,16 @@ include!(concat!(env!("OUT_DIR"), "/kernels.rs"));
 /// The peer self-test's kernel (`kernels/selftest.cu`): a group runs it before its custom kernels
 /// are trusted, so a device without it forms no group.
 pub(crate) const SELFTEST_KERNEL: &str = "ear_selftest";
+/// Its bandwidth check (the same file).
+pub(crate) const SELFTEST_PUSH_KERNEL: &str = "ear_selftest_push";
 
 /// The kernels of one device (its primary context).
 pub struct DeviceKernels {
     functions: HashMap<(Family, Op, DataType, i32), Function>,
     /// `ear_residual_rmsnorm_<t>`: residual + bias + RMSNorm alone (after NCCL, or one rank).
     norms: HashMap<DataType, Function>,
-    /// `ear_selftest` (`crate::group::selftest`).
-    selftest: Option<Function>,
+    /// `ear_selftest` and `ear_selftest_push` (`crate::group::selftest`).
+    selftest: Option<(Function, Function)>,
     /// Programmatic dependent launch: sm_90 and newer, unless EDGELLM_ALLREDUCE_PDL=0, when every
     /// kernel carries its `griddepcontrol.wait` (code from compute_90 or newer: PTX of compute_80
     /// JIT-compiled for an sm_90 has none, and launched early it would read its inputs before
@@ -48,7 +50,7 @@ impl DeviceKernels {
             .collect();
         let mut names: Vec<String> = keys.iter().map(|&(f, o, t, n)| family::kernel_name(f, o, t, n)).collect();
         names.extend(TYPES.map(family::norm_kernel_name));
-        names.push(SELFTEST_KERNEL.to_owned());
+        names.extend([SELFTEST_KERNEL, SELFTEST_PUSH_KERNEL].map(str::to_owned));
         let (mut functions, mut norms, mut selftest) = (HashMap::new(), HashMap::new(), None);
         let mut failed: Vec<(&str, i32)> = Vec::new();
         cuda::with_context(context, || {
@@ -71,7 +73,8 @@ impl DeviceKernels {
                         norms.insert(*t, *f);
                     }
                 }
-                selftest = selftest.or(found[keys.len() + TYPES.len()]);
+                let at = keys.len() + TYPES.len();
+                selftest = selftest.or(found[at].zip(found[at + 1]));
             }
             Ok(())
         })?;
@@ -89,8 +92,9 @@ impl DeviceKernels {
         });
         // Asking for an attribute loads the self-test's code now: under lazy loading its first
         // launch would, delaying that rank's kernel behind its peers' by the load.
-        if let Some(f) = selftest {
-            f.ptx_version()?;
+        if let Some((test, push)) = selftest {
+            test.ptx_version()?;
+            push.ptx_version()?;
         }
         let mut ptx_versions = functions.values().chain(norms.values()).map(|f| f.ptx_version());
         let sm90_code = ptx_versions.try_fold(true, |all, v| v.map(|v| all && v >= 90))?;
@@ -107,8 +111,8 @@ impl DeviceKernels {
         self.selftest.map(|_| ()).ok_or_else(|| Error::NoKernel(SELFTEST_KERNEL.to_owned()))
     }
 
-    /// The peer self-test's kernel (`ear_selftest`), if it loaded.
-    pub(crate) fn selftest(&self) -> Option<Function> {
+    /// The peer self-test's kernels (`ear_selftest`, `ear_selftest_push`), if they loaded.
+    pub(crate) fn selftest(&self) -> Option<(Function, Function)> {
         self.selftest
     }
 
@@ -153,13 +157,13 @@ mod tests {
             MODULES.iter().any(|(_, image, _)| image.windows(needle.len()).any(|w| w == needle.as_bytes()))
         };
         let mut names: Vec<String> = TYPES.map(family::norm_kernel_name).to_vec();
-        names.push(SELFTEST_KERNEL.to_owned());
+        names.extend([SELFTEST_KERNEL, SELFTEST_PUSH_KERNEL].map(str::to_owned));
         for f in Family::ALL {
             for op in [Op::AllReduce, Op::ResidualRmsNorm] {
                 names.extend(TYPES.iter().flat_map(|&t| RANK_COUNTS.map(|n| family::kernel_name(f, op, t, n))));
             }
         }
-        assert_eq!(names.len(), TYPES.len() + 1 + 2 * Family::ALL.len() * TYPES.len() * RANK_COUNTS.len());
+        assert_eq!(names.len(), TYPES.len() + 2 + 2 * Family::ALL.len() * TYPES.len() * RANK_COUNTS.len());
         let missing: Vec<_> = names.iter().filter(|n| !holds(n)).collect();
         assert!(missing.is_empty(), "kernels missing from the fatbins: {missing:?}");
         assert!(!holds("ear_oneshot_f16_n2"), "the names before they said their sync method are gone");

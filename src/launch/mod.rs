@@ -39,6 +39,11 @@ pub trait Fits {
     fn link_class(&self) -> LinkClass {
         LinkClass::NvLink
     }
+    /// Whether families that load from their peers may run ([`strategy::pulls_enabled`], and
+    /// peer reads supported and probed by the group's self-test). Yes unless said otherwise.
+    fn pulls(&self) -> bool {
+        true
+    }
 }
 
 /// The tensors of one fused all-reduce + residual (+ bias) + RMSNorm.

@@ -118,6 +118,20 @@ fn auto_choice(
     }
 }
 
+/// Whether a family that loads from its peers may run on a group of `nranks` on links of
+/// `class` (decided alike on every rank, at formation: the group's self-test probes peer loads
+/// only then). Over PCIe only where the user chose one: a tuning file measured on these links
+/// picks one, or `EDGELLM_ALLREDUCE_STRATEGY` names one. The built-in PCIe tables never pull:
+/// on some platforms peer reads never complete (haohervchb/sglang-V100#2; client CPUs support
+/// peer writes only, NVIDIA/open-gpu-kernel-modules#1253), and where they do, pushing measured
+/// faster (squibloads/vllm-pcie-allreduce; `crate::launch::tables`).
+pub(crate) fn pulls_enabled(class: LinkClass, nranks: i32, tuned: Option<&Tuning>) -> bool {
+    let pulls = |f: Family| [Op::AllReduce, Op::ResidualRmsNorm].into_iter().any(|op| !f.writes_into_peers(op, nranks));
+    class != LinkClass::Pcie
+        || matches!(Requested::configured(), Some(Requested::Family(f)) if pulls(f))
+        || tuned.is_some_and(|t| t.chooses_pull(class, nranks))
+}
+
 /// AUTO's families from the one that serves the smallest messages to the one that serves the
 /// largest (ties in `Family::ALL`'s order): a family AUTO chose that cannot serve a call falls
 /// back along it. Sorted in place: enqueue allocates nothing.
@@ -163,6 +177,8 @@ pub enum Fallback {
     /// Another stream than the one that runs this rank's custom all-reduces (one stream per
     /// group: `Group::claim_stream`).
     OtherStream,
+    /// A family that loads from its peers, on a group where none may run ([`pulls_enabled`]).
+    NoPeerReads,
 }
 
 impl Fallback {
@@ -173,6 +189,7 @@ impl Fallback {
             Fallback::Unaligned => "input or output is not 16-byte aligned",
             Fallback::NotServed => "the message is larger than the workspace, or no kernel exists for this type and rank count",
             Fallback::OtherStream => "another stream than the one that runs this rank's custom all-reduces (one stream per group: release and set up the workspaces again to move it)",
+            Fallback::NoPeerReads => "it loads from its peers, and on this group's links none may (PCIe: only where a tuning file measured on these links, or EDGELLM_ALLREDUCE_STRATEGY, chose such a family; or the driver reports peer reads unsupported)",
         }
     }
 }
@@ -237,14 +254,14 @@ pub(crate) fn choose_tuned(
     let plain = Message { rows: None, ..call.message };
     let message = if split { &plain } else { &call.message };
     let op = if message.rows.is_some() { Op::ResidualRmsNorm } else { Op::AllReduce };
-    // AUTO's fallback over PCIe never moves to a family that writes into its peers (the PCIe
-    // model, PCIE_AUTO_TABLE): only the table's own choice may.
-    let allowed = |f: Family| {
-        f == first
-            || requested != Requested::Auto
-            || class != LinkClass::Pcie
-            || !f.writes_into_peers(op, group.nranks())
-    };
+    // A family that loads from its peers runs only where the group allows it (`pulls_enabled`);
+    // over PCIe AUTO takes its table's choice or NCCL, never another family (the PCIe model:
+    // `crate::launch::tables`).
+    let loads = |f: Family| !f.writes_into_peers(op, group.nranks());
+    if !group.pulls() && loads(first) && requested != Requested::Auto {
+        return decide(Path::Nccl, Some(Fallback::NoPeerReads));
+    }
+    let allowed = |f: Family| (f == first || class != LinkClass::Pcie) && (group.pulls() || !loads(f));
     let start = families.iter().position(|f| *f == first).unwrap_or(0);
     let served = families[start..].iter().find(|f| allowed(**f) && group.serves(**f, call.dtype, message));
     match served {

@@ -39,7 +39,7 @@
 //! boundary, or with a row lost or doubled, is refused rather than read as other tables.
 
 use crate::fingerprint::fnv1a;
-use crate::launch::family::{Family, RANK_COUNTS};
+use crate::launch::family::{Family, Op, RANK_COUNTS};
 use crate::launch::tables::{FusedChoice, NARROW_ROW};
 use crate::launch::Message;
 use crate::link::LinkClass;
@@ -183,6 +183,21 @@ impl Tuning {
             return Err(TuningError::new(TuningErrorKind::Table, None, "no tables for groups without peer access"));
         }
         check_sections(&self.sections, &|_, _| None)
+    }
+
+    /// Whether a row of the file for groups of `nranks` on links of `class` chooses a family that
+    /// loads from its peers (its measurements found one faster there).
+    pub(crate) fn chooses_pull(&self, class: LinkClass, nranks: i32) -> bool {
+        self.links == class
+            && self.sections.iter().filter(|s| s.key.nranks == nranks).any(|s| {
+                s.rows.iter().any(|&(_, way)| match (s.key.op, way) {
+                    (_, FusedChoice::Nccl) => false,
+                    (TunedOp::Plain, FusedChoice::Fused(f)) | (_, FusedChoice::Split(f)) => {
+                        !f.writes_into_peers(Op::AllReduce, nranks)
+                    }
+                    (TunedOp::Fused, FusedChoice::Fused(f)) => !f.writes_into_peers(Op::ResidualRmsNorm, nranks),
+                })
+            })
     }
 
     /// A stable hash of what AUTO reads from the file (the links and the rows, not the header

@@ -3,7 +3,8 @@
 
 use super::*;
 use crate::config::MAX_SELFTEST_MS;
-use crate::contract::EAR_MAX_RANKS;
+use crate::contract::{EAR_MAX_RANKS, EAR_SELFTEST_PUSH_BYTES};
+use crate::link::LinkClass;
 
 /// Fault injection for [`Group::self_test`] (tests only; `Default`: none, the configured bound).
 #[doc(hidden)]
@@ -23,6 +24,14 @@ pub struct SelfTestInjection {
     /// the bound plus [`HOST_GRACE`]: longer under compute-sanitizer, which is slow to start
     /// kernels; shorter than the bound to see how a kernel that does not finish is handled.
     pub host_wait: Option<Duration>,
+    /// Whether the read path is probed, instead of the group's own answer (`Group::pulls`): a
+    /// test that a group without pulling families never loads from its peers.
+    pub probe_reads: Option<bool>,
+    /// Whether the bandwidth check runs, instead of the group's answer (separate GPUs: yes; one
+    /// device: no).
+    pub measure_push: Option<bool>,
+    /// The slowest push taken instead of [`MIN_PUSH_MBPS`] (in-process groups).
+    pub min_push_mbps: Option<u32>,
 }
 
 impl SelfTestInjection {
@@ -50,8 +59,8 @@ impl SelfTestInjection {
     }
 
     /// Parses the hook's comma-separated list of `drop:A>B`, `garble:A>B`, `garble-slot:R`,
-    /// `not-launched:R` (ranks below `EAR_MAX_RANKS`, A != B), `host-wait:MS`; Err says what is
-    /// wrong.
+    /// `not-launched:R` (ranks below `EAR_MAX_RANKS`, A != B), `host-wait:MS`, `reads:on|off`,
+    /// `push:on|off`; Err says what is wrong.
     pub(crate) fn parse(spec: &str) -> std::result::Result<SelfTestInjection, String> {
         let rank = |v: &str| -> std::result::Result<i32, String> {
             v.trim()
@@ -76,6 +85,8 @@ impl SelfTestInjection {
                 "garble" => inject.garble_writes.push(pair(value)?),
                 "garble-slot" => inject.garble_own_slot.push(rank(value)?),
                 "not-launched" => inject.not_launched.push(rank(value)?),
+                "reads" => inject.probe_reads = Some(on_off(value)?),
+                "push" => inject.measure_push = Some(on_off(value)?),
                 "host-wait" => {
                     let ms = value.trim().parse::<u64>().ok().filter(|ms| *ms <= MAX_SELFTEST_MS);
                     let ms = ms.ok_or_else(|| {
@@ -85,7 +96,7 @@ impl SelfTestInjection {
                 }
                 other => {
                     return Err(format!(
-                        "'{other}' is not drop:A>B, garble:A>B, garble-slot:R, not-launched:R or host-wait:MS"
+                        "'{other}' is not drop:A>B, garble:A>B, garble-slot:R, not-launched:R, host-wait:MS, reads:on|off or push:on|off"
                     ));
                 }
             }
@@ -105,6 +116,8 @@ impl SelfTestInjection {
             skip_mask: mask(&self.drop_writes),
             garble_mask: mask(&self.garble_writes) | own,
             not_launched: self.not_launched.contains(&rank),
+            probe_reads: self.probe_reads,
+            measure_push: self.measure_push,
         }
     }
 
@@ -125,15 +138,43 @@ impl Group {
             .kernels
             .selftest()
             .ok_or_else(|| Error::NoKernel(crate::launch::kernels::SELFTEST_KERNEL.to_owned()))?;
+        let (function, push_function) = function;
+        let measure = inject.measure_push.unwrap_or(matches!(self.links, LinkClass::NvLink | LinkClass::Pcie));
+        let push = measure.then(|| self.push_check(rank, push_function)).flatten();
         Ok(RankSelfTest {
             rank,
             nranks: self.nranks,
             device: member.device,
             function,
+            push,
             peer_ws: self.peer_ws,
             max_bytes: self.max_bytes,
             round,
+            probe_reads: inject.probe_reads.unwrap_or(self.pulls),
             inject,
+        })
+    }
+
+    /// Rank `rank`'s bandwidth check: `EAR_SELFTEST_PUSH_BYTES` (at most a one-shot bank) from
+    /// its bank 1 into the next rank's bank 0; None without that rank's mapping, or where a bank
+    /// is too small to time (a workspace of a few KiB).
+    fn push_check(&self, rank: i32, function: Function) -> Option<PushCheck> {
+        let next = ((rank + 1) % self.nranks.max(1)) as usize;
+        let (dst, src) = (self.peer_ws[next], self.peer_ws[rank as usize]);
+        // SAFETY: pure arithmetic on the header's macros.
+        let (bank0, bank1, bank) = unsafe {
+            (
+                ear_oneshot_bank_offset(self.max_bytes, self.nranks, 0),
+                ear_oneshot_bank_offset(self.max_bytes, self.nranks, 1),
+                ear_oneshot_bank_bytes(self.max_bytes),
+            )
+        };
+        let bytes = EAR_SELFTEST_PUSH_BYTES.min(bank) / 16 * 16;
+        (next as i32 != rank && dst != DevicePtr::NULL && bytes >= 64 << 10).then(|| PushCheck {
+            function,
+            dst: dst.offset(bank0),
+            src: src.offset(bank1),
+            bytes,
         })
     }
 
@@ -154,7 +195,7 @@ impl Group {
             return Ok(());
         };
         let ranks = self.self_test_ranks(inject)?;
-        run_in_process(&ranks, bounds).map_err(|failure| {
+        run_in_process(&ranks, bounds, inject.min_push_mbps.unwrap_or(MIN_PUSH_MBPS)).map_err(|failure| {
             if failure.kernels_may_still_run() {
                 self.wedge();
             }
@@ -192,4 +233,19 @@ impl Group {
         }
         Ok(verdicts)
     }
+}
+
+/// `"on"` or `"off"` of a fault spec.
+fn on_off(value: &str) -> std::result::Result<bool, String> {
+    match value.trim() {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        other => Err(format!("'{other}' is not on or off")),
+    }
+}
+
+// kernels/layout.c.
+extern "C" {
+    fn ear_oneshot_bank_offset(max_msg_bytes: u64, nranks: i32, bank: u32) -> u64;
+    fn ear_oneshot_bank_bytes(max_msg_bytes: u64) -> u64;
 }

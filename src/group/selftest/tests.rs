@@ -168,7 +168,7 @@ fn injections_become_the_ranks_masks() {
         not_launched: vec![2],
         ..Default::default()
     };
-    assert_eq!(inject.for_rank(1), RankInjection { skip_mask: 0b101, garble_mask: 0b1010, not_launched: false });
+    assert_eq!(inject.for_rank(1), RankInjection { skip_mask: 0b101, garble_mask: 0b1010, ..Default::default() });
     assert_eq!(inject.for_rank(2), RankInjection { not_launched: true, ..Default::default() });
     assert_eq!(inject.for_rank(0), RankInjection::default());
     let ms = Duration::from_millis;
@@ -243,10 +243,13 @@ fn the_fault_hook_parses_every_kind() {
             garble_own_slot: vec![1],
             not_launched: vec![3],
             host_wait: Some(Duration::from_millis(25)),
-            bound: None,
+            ..Default::default()
         }
     );
     assert_eq!(SelfTestInjection::parse(" not-launched : 1 ").map(|f| f.not_launched), Ok(vec![1]));
+    assert_eq!(SelfTestInjection::parse("reads:off").map(|f| f.probe_reads), Ok(Some(false)));
+    assert_eq!(SelfTestInjection::parse("reads:on").map(|f| f.for_rank(3).probe_reads), Ok(Some(true)));
+    assert!(SelfTestInjection::parse("reads:maybe").is_err());
 }
 
 #[test]
@@ -267,4 +270,28 @@ fn a_malformed_fault_spec_says_what_is_wrong() {
         let why = SelfTestInjection::parse(bad).expect_err(bad);
         assert!(!why.is_empty(), "{bad}");
     }
+}
+
+#[test]
+fn a_push_far_below_a_pcie_link_fails_the_group_and_says_how_fast_it_ran() {
+    let verdict = |rank: i32, mbps: u32| {
+        let mut v = RankVerdict::not_run(rank, 2, rank);
+        v.state = RankState::Finished;
+        v.write[(1 - rank) as usize] = EAR_SELFTEST_PASSED as u8;
+        v.read[(1 - rank) as usize] = EAR_SELFTEST_SKIPPED as u8;
+        v.push_mbps = mbps;
+        v
+    };
+    assert_eq!(decide(&[verdict(0, 24_000), verdict(1, 0)]), Ok(()), "fast, or not measured");
+    let f = decide(&[verdict(0, 30_000), verdict(1, 2_600)]).unwrap_err();
+    assert_eq!((f.kind, f.a, f.b, f.push_mbps), (SelfTestKind::SlowLink, 1, Some(0), Some(2_600)));
+    let text = f.to_string();
+    assert!(
+        text.contains("ran at 2.6 GB/s") && text.contains("(slow link)") && text.contains("probe --mode peers"),
+        "{text}"
+    );
+    assert!(decide_with(&[verdict(0, 30_000), verdict(1, 30_000)], 40_000).is_err(), "the bound is the caller's");
+    // The rate travels in the gathered bytes.
+    let v = verdict(1, 2_600);
+    assert_eq!(RankVerdict::decode(&v.encode(), 1, 2), v);
 }

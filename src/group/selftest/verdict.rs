@@ -42,6 +42,8 @@ pub struct RankVerdict {
     pub read: [u8; EAR_MAX_RANKS],
     /// How long the kernel took (ns, its own clock); 0 unless finished.
     pub elapsed_ns: u64,
+    /// The bandwidth check's rate into the next rank (MB/s); 0: not measured.
+    pub push_mbps: u32,
 }
 
 /// The size of an encoded [`RankVerdict`]: what each rank contributes to the gather.
@@ -59,10 +61,11 @@ impl RankVerdict {
             write: [0; EAR_MAX_RANKS],
             read: [0; EAR_MAX_RANKS],
             elapsed_ns: 0,
+            push_mbps: 0,
         }
     }
 
-    /// Little-endian: the magic, rank, rank count, device, state, a zero word, the time, then
+    /// Little-endian: the magic, rank, rank count, device, state, the push rate, the time, then
     /// the write and read entries.
     pub fn encode(&self) -> [u8; VERDICT_BYTES] {
         let mut b = [0u8; VERDICT_BYTES];
@@ -71,6 +74,7 @@ impl RankVerdict {
         b[8..12].copy_from_slice(&self.nranks.to_le_bytes());
         b[12..16].copy_from_slice(&self.device.to_le_bytes());
         b[16..20].copy_from_slice(&(self.state as u32).to_le_bytes());
+        b[20..24].copy_from_slice(&self.push_mbps.to_le_bytes());
         b[24..32].copy_from_slice(&self.elapsed_ns.to_le_bytes());
         b[32..48].copy_from_slice(&self.write);
         b[48..64].copy_from_slice(&self.read);
@@ -97,6 +101,7 @@ impl RankVerdict {
             write: bytes[32..48].try_into().unwrap(),
             read: bytes[48..64].try_into().unwrap(),
             elapsed_ns: u64::from_le_bytes(bytes[24..32].try_into().unwrap()),
+            push_mbps: u32_at(20),
         }
     }
 }
@@ -109,6 +114,12 @@ impl RankVerdict {
 /// them).
 #[cfg_attr(not(feature = "test-hooks"), allow(unreachable_pub))]
 pub fn decide(verdicts: &[RankVerdict]) -> std::result::Result<(), SelfTestFailure> {
+    decide_with(verdicts, MIN_PUSH_MBPS)
+}
+
+/// [`decide`], a push rate below `min_push_mbps` (MB/s, identical on every rank) also failing
+/// the group ([`SelfTestKind::SlowLink`]).
+pub(crate) fn decide_with(verdicts: &[RankVerdict], min_push_mbps: u32) -> std::result::Result<(), SelfTestFailure> {
     let n = verdicts.len();
     let state = |r: usize| {
         let v = &verdicts[r];
@@ -137,7 +148,7 @@ pub fn decide(verdicts: &[RankVerdict]) -> std::result::Result<(), SelfTestFailu
                 _ => Some(SelfTestKind::WriteLost),
             };
             let read = match verdicts[a].read.get(b).map(|&s| s as u32) {
-                Some(EAR_SELFTEST_PASSED) => None,
+                Some(EAR_SELFTEST_PASSED | EAR_SELFTEST_SKIPPED) => None,
                 Some(EAR_SELFTEST_WRONG) => Some(SelfTestKind::ReadWrong),
                 Some(EAR_SELFTEST_UNMAPPED) => Some(SelfTestKind::MappingFailed),
                 _ => Some(SelfTestKind::ReadTimedOut),
@@ -148,6 +159,15 @@ pub fn decide(verdicts: &[RankVerdict]) -> std::result::Result<(), SelfTestFailu
                 b: Some(b as i32),
             }));
         }
+    }
+    // The bandwidth checks, of ranks whose tokens went through (a lost write explains itself).
+    let slow = (0..n)
+        .filter(|&a| state(a) == RankState::Finished)
+        .filter(|&a| (1..min_push_mbps).contains(&verdicts[a].push_mbps))
+        .map(|a| (a, verdicts[a].push_mbps))
+        .min_by_key(|&(_, mbps)| mbps);
+    if let Some((a, _)) = slow.filter(|_| problems.is_empty()) {
+        problems.push(SelfTestProblem { kind: SelfTestKind::SlowLink, a: a as i32, b: Some(((a + 1) % n) as i32) });
     }
     problems.sort_by_key(SelfTestProblem::order);
     let mut problems = problems.into_iter();
@@ -166,5 +186,6 @@ pub fn decide(verdicts: &[RankVerdict]) -> std::result::Result<(), SelfTestFailu
         device_b: first.b.and_then(device),
         others: problems.collect(),
         detail: None,
+        push_mbps: slow.map(|(_, mbps)| mbps).filter(|_| first.kind == SelfTestKind::SlowLink),
     })
 }
