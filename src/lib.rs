@@ -70,7 +70,7 @@ pub mod tuning {
     #[cfg(feature = "test-hooks")]
     pub use crate::launch::tuning::{active, active_fingerprint};
     pub use crate::launch::tuning::{
-        library_id, Gpu, Machine, RowWidth, Section, SectionKey, TunedOp, Tuning, FILE_NAME,
+        library_id, Gpu, GridCap, Machine, RowWidth, Section, SectionKey, TunedOp, Tuning, FILE_NAME,
     };
 }
 pub use launch::{Fits, FusedCall, Message};

@@ -57,6 +57,7 @@ fn a_group_uses_the_tuning_file_it_loaded() {
         machine,
         links: LinkClass::SameDevice,
         library: tuning::library_id(),
+        grids: Vec::new(),
         sections: vec![Section {
             key: SectionKey { op: TunedOp::Plain, nranks: 2, dtype: None, width: None },
             rows: vec![(64 << 10, FusedChoice::Fused(ours())), (u64::MAX, FusedChoice::Nccl)],

@@ -183,7 +183,13 @@ pub fn run(t: TuneArgs) -> i32 {
         }
     };
     let measured: Vec<Measurement> = measurements(&records).into_iter().filter(|m| kept.contains(&m.nranks)).collect();
-    let tuning = Tuning { machine, links, library: library_id(), sections: sections(&measured, t.tie_percent / 100.0) };
+    let tuning = Tuning {
+        machine,
+        links,
+        library: library_id(),
+        grids: Vec::new(),
+        sections: sections(&measured, t.tie_percent / 100.0),
+    };
     if let Err(e) = tuning.validate() {
         eprintln!("error: the measurements give no valid tables ({e}); nothing written");
         return 2;

@@ -11,6 +11,7 @@ use super::strategy::{self, Call, Decision, Fallback, Path, Requested};
 use super::tuning::Tuning;
 use super::{Fits, Message};
 use crate::contract::{EarCallFacts, EarPlan, EarRule, EAR_OP_ALLREDUCE, EAR_OP_RESIDUAL_RMSNORM};
+use crate::link::LinkClass;
 use crate::tensor::DataType;
 
 /// What one rank knows, besides the call itself, when it plans it.
@@ -48,13 +49,19 @@ pub(crate) fn plan(requested: Requested, call: &Call, facts: &Facts, tuned: Opti
         decision = Decision { path: Path::Nccl, fallback: Some(Fallback::OtherStream), requested };
     }
     let nranks = facts.group.map_or(call.tp_size, |g| g.nranks());
+    let class = facts.group.map_or(LinkClass::NoPeer, |g| g.link_class());
     let plain = Message { rows: None, ..call.message };
     let kernel = match decision.path {
         Path::Custom(f) => Some(f).zip(Some(&call.message)),
         Path::Split(f) => Some(f).zip(Some(&plain)),
         Path::Copy | Path::Nccl => None,
     }
-    .map(|(f, message)| (f, kernel(f, call.dtype, message, nranks, facts.max_blocks, facts.call)));
+    .map(|(f, message)| {
+        // The family's grid on these links (a tuning file's, else the built-in one), within the
+        // group's cap.
+        let cap = strategy::grid_cap(class, f, nranks, tuned).map_or(facts.max_blocks, |c| c.min(facts.max_blocks));
+        (f, kernel(f, call.dtype, message, nranks, cap, facts.call))
+    });
     let norm = match (decision.path, call.message.rows) {
         (Path::Split(_) | Path::Nccl, Some((tokens, hidden))) => Some(norm(tokens, hidden, call.dtype, facts.sm_count)),
         _ => None,

@@ -132,6 +132,13 @@ pub(crate) fn pulls_enabled(class: LinkClass, nranks: i32, tuned: Option<&Tuning
         || tuned.is_some_and(|t| t.chooses_pull(class, nranks))
 }
 
+/// The most CTAs `family`'s kernels take on a group of `nranks` on links of `class`: what a
+/// tuning file measured on these links, else the built-in cap (`crate::launch::tables`); None:
+/// the group's own cap.
+pub(crate) fn grid_cap(class: LinkClass, family: Family, nranks: i32, tuned: Option<&Tuning>) -> Option<u32> {
+    tuned.and_then(|t| t.grid(class, nranks, family)).or_else(|| builtin_grid_cap(class, family, nranks))
+}
+
 /// AUTO's families from the one that serves the smallest messages to the one that serves the
 /// largest (ties in `Family::ALL`'s order): a family AUTO chose that cannot serve a call falls
 /// back along it. Sorted in place: enqueue allocates nothing.

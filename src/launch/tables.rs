@@ -300,6 +300,16 @@ pub(crate) const PCIE_FUSED_AUTO_TABLE: RankTable<FusedChoice> = &[
     ),
 ];
 
+/// The built-in grid caps: on these links, a family's kernels for groups of up to `n` ranks take
+/// at most this many CTAs (a tuning file's `grid` lines take their place). None yet.
+pub(crate) const GRID_CAPS: &[(LinkClass, Family, &[(i32, u32)])] = &[];
+
+/// The built-in cap of `family` on `nranks` ranks over `class` ([`GRID_CAPS`]).
+pub(crate) fn builtin_grid_cap(class: LinkClass, family: Family, nranks: i32) -> Option<u32> {
+    let (_, _, caps) = GRID_CAPS.iter().find(|(c, f, _)| *c == class && *f == family)?;
+    caps.iter().find(|(n, _)| nranks <= *n).map(|&(_, ctas)| ctas)
+}
+
 /// AUTO's tables for one link class: plain all-reduce, fused op, fused op with rows wider than
 /// [`NARROW_ROW`].
 #[derive(Clone, Copy, Debug)]
@@ -342,5 +352,5 @@ pub(crate) fn builtin_fingerprint() -> u64 {
 /// Every built-in table, spelled out (what [`builtin_fingerprint`] hashes).
 pub(crate) fn builtin_text() -> String {
     let tables: Vec<_> = LinkClass::ALL.into_iter().map(|c| (c, builtin_tables(c).copied())).collect();
-    format!("{tables:?}")
+    format!("{tables:?} {GRID_CAPS:?}")
 }

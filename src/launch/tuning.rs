@@ -18,6 +18,7 @@
 //! gpu: 0000:3d:00.0 NVIDIA H200
 //! links: nvlink
 //! library: 0.1.0 EAR8
+//! grid ranks=2 lamport ctas=64
 //! plain ranks=2 dtype=any upto=2097152 lamport
 //! plain ranks=2 dtype=any upto=67108864 twoshot
 //! plain ranks=2 dtype=any upto=max nccl
@@ -28,7 +29,9 @@
 //!
 //! The header says where the tables hold: the host name, the driver, every GPU the tuner saw
 //! (PCI bus id and name), the links of the groups it measured (`same-device`, `nvlink`, `pcie`)
-//! and the library (crate version and the kernels' protocol id). A row is one table entry, as in
+//! and the library (crate version and the kernels' protocol id). A `grid` line (optional: files
+//! of an older tune have none) caps the CTAs of one family's kernels on groups of one rank count,
+//! as measured there ([`GridCap`]). A row is one table entry, as in
 //! the built-in tables: for the op (`plain` all-reduce, or the `fused` all-reduce + residual +
 //! RMSNorm with its row width, `narrow` up to `strategy::NARROW_ROW` elements, `wide` above, or
 //! `any`), the rank count (exact) and the element type (`fp32`, `fp16`, `bf16`, or `any`), the
@@ -38,6 +41,7 @@
 //! bounds increase, and the last is `upto=max`. `end` counts the rows, so a file cut at a line
 //! boundary, or with a row lost or doubled, is refused rather than read as other tables.
 
+use crate::contract::EAR_MAX_BLOCKS;
 use crate::fingerprint::fnv1a;
 use crate::launch::family::{Family, Op, RANK_COUNTS};
 use crate::launch::tables::{FusedChoice, NARROW_ROW};
@@ -118,6 +122,16 @@ pub struct Section {
     pub rows: Vec<(u64, FusedChoice)>,
 }
 
+/// The grid a family's kernels get on groups of `nranks` (`grid ranks=<n> <family> ctas=<c>`):
+/// at most `ctas` CTAs, whatever the group's cap (the kernels are correct at any grid). Over
+/// PCIe a few CTAs keep the link busy and leave the SMs to the model (`crate::launch::tables`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct GridCap {
+    pub nranks: i32,
+    pub family: Family,
+    pub ctas: u32,
+}
+
 /// A tuning file: where it was measured, and its tables.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Tuning {
@@ -126,6 +140,9 @@ pub struct Tuning {
     pub links: LinkClass,
     /// [`library_id`] of the build that measured it.
     pub library: String,
+    /// The grids measured best, per rank count and family (a file of an older tune has none:
+    /// the built-in caps then hold).
+    pub grids: Vec<GridCap>,
     pub sections: Vec<Section>,
 }
 
@@ -210,7 +227,8 @@ impl Tuning {
             .map(|s| s.rows.iter().map(|&(b, w)| row_text(&s.key, b, w) + "\n").collect())
             .collect();
         sections.sort_unstable();
-        let text = format!("links: {}\n{}", self.links.token(), sections.concat());
+        let grids: String = self.grids.iter().map(|&g| grid_text(g) + "\n").collect();
+        let text = format!("links: {}\n{grids}{}", self.links.token(), sections.concat());
         fnv1a(text.as_bytes()).max(1)
     }
 
@@ -278,6 +296,13 @@ impl Tuning {
             })
         })?;
         section.rows.iter().find(|(bound, _)| message.bytes <= *bound).map(|&(_, way)| way)
+    }
+
+    /// The grid cap measured for `family` on groups of `nranks` on links of `class`, if any.
+    pub(crate) fn grid(&self, class: LinkClass, nranks: i32, family: Family) -> Option<u32> {
+        (class == self.links)
+            .then(|| self.grids.iter().find(|g| g.nranks == nranks && g.family == family).map(|g| g.ctas))
+            .flatten()
     }
 }
 #[cfg(test)]

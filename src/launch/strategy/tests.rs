@@ -379,6 +379,7 @@ fn the_fingerprint_covers_every_built_in_table() {
     {
         assert!(text.contains(&format!("{table:?}")), "{table:?}");
     }
+    assert!(text.contains(&format!("{GRID_CAPS:?}")), "the grid caps");
     assert_eq!(builtin_fingerprint(), crate::fingerprint::fnv1a(text.as_bytes()));
     // Every built-in table is well formed: increasing bounds, an unbounded last entry, a
     // row for the largest rank count.

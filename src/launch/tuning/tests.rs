@@ -23,6 +23,7 @@ fn sample() -> Tuning {
         machine: machine(),
         links: LinkClass::Pcie,
         library: library_id(),
+        grids: vec![GridCap { nranks: 2, family: Family::Lamport, ctas: 16 }],
         sections: vec![
             Section {
                 key: key(TunedOp::Plain, 2, None, None),
@@ -53,7 +54,7 @@ fn round_trip() {
     assert!(text.starts_with("edgellm-allreduce tuning v1\nmachine: gpu-node-7\n"), "{text}");
     assert!(text.contains("\nplain ranks=2 dtype=any upto=32768 lamport\n"), "{text}");
     assert!(text.contains("\nfused ranks=2 dtype=bf16 rows=wide upto=1048576 split:oneshot\n"), "{text}");
-    assert!(text.ends_with("plain ranks=4 dtype=any upto=max nccl\nend rows=10\n"), "{text}");
+    assert!(text.ends_with("plain ranks=4 dtype=any upto=max nccl\nend rows=10 grids=1\n"), "{text}");
     let back = Tuning::parse(&text).unwrap();
     assert_eq!(back, t);
     assert_eq!(back.to_text(), text);
@@ -206,4 +207,32 @@ fn small_pieces() {
     let mut keyless = sample();
     keyless.sections[0].key.width = Some(RowWidth::Any);
     assert!(keyless.validate().unwrap_err().message.contains("a fused section has a rows= class"));
+}
+
+#[test]
+fn grid_lines_round_trip_and_files_without_them_still_load() {
+    let t = sample();
+    let text = t.to_text();
+    assert!(text.contains("\ngrid ranks=2 lamport ctas=16\n"), "{text}");
+    assert_eq!(Tuning::parse(&text), Ok(t.clone()));
+    assert_eq!(t.grid(LinkClass::Pcie, 2, Family::Lamport), Some(16));
+    assert_eq!(t.grid(LinkClass::Pcie, 4, Family::Lamport), None, "no line for 4 ranks");
+    assert_eq!(t.grid(LinkClass::NvLink, 2, Family::Lamport), None, "measured on other links");
+    // An older tune's file: no grid line, the same tables otherwise.
+    let older = text.replace("grid ranks=2 lamport ctas=16\n", "").replace(" grids=1", "");
+    assert_eq!(Tuning::parse(&older), Ok(Tuning { grids: Vec::new(), ..t.clone() }));
+    assert_ne!(Tuning { grids: Vec::new(), ..t.clone() }.fingerprint(), t.fingerprint(), "grids are tables too");
+    for (bad, says) in [
+        ("grid ranks=2 lamport ctas=0", "ctas=<1..128>"),
+        ("grid ranks=2 lamport ctas=129", "ctas=<1..128>"),
+        ("grid ranks=2 fast ctas=8", "not a family"),
+        ("grid ranks=3 lamport ctas=8", "a rank count of"),
+        ("grid ranks=2 lamport", "expected 'grid ranks="),
+    ] {
+        let e = Tuning::parse(&text.replace("grid ranks=2 lamport ctas=16", bad)).unwrap_err();
+        assert!(e.message.contains(says), "{bad}: {e}");
+    }
+    let twice =
+        text.replace("grid ranks=2 lamport ctas=16\n", "grid ranks=2 lamport ctas=16\ngrid ranks=2 lamport ctas=8\n");
+    assert!(Tuning::parse(&twice).unwrap_err().message.contains("each family once"));
 }

@@ -102,6 +102,29 @@ impl fmt::Display for SectionKey {
     }
 }
 
+/// A grid line as the file spells it.
+pub(super) fn grid_text(g: GridCap) -> String {
+    format!("grid ranks={} {} ctas={}", g.nranks, family_token(g.family), g.ctas)
+}
+
+/// One grid line: `grid ranks=<n> <family> ctas=<c>`.
+pub(super) fn parse_grid(n: usize, line: &str) -> Result<GridCap, TuningError> {
+    let syntax = |m: String| TuningError::new(TuningErrorKind::Syntax, Some(n), m);
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let [_, ranks, family, ctas] = words.as_slice() else {
+        return Err(syntax(format!("'{line}': expected 'grid ranks=<n> <family> ctas=<c>'")));
+    };
+    let nranks = ranks.strip_prefix("ranks=").and_then(|v| v.parse::<i32>().ok());
+    let count =
+        ctas.strip_prefix("ctas=").and_then(|v| v.parse::<u32>().ok()).filter(|c| (1..=EAR_MAX_BLOCKS).contains(c));
+    match (nranks, parse_family(family), count) {
+        (Some(nranks), Some(family), Some(ctas)) => Ok(GridCap { nranks, family, ctas }),
+        (None, _, _) => Err(syntax(format!("'{ranks}': expected ranks=<n>"))),
+        (_, None, _) => Err(syntax(format!("'{family}' is not a family"))),
+        (_, _, None) => Err(syntax(format!("'{ctas}': expected ctas=<1..{EAR_MAX_BLOCKS}>"))),
+    }
+}
+
 /// One row as the file spells it.
 pub(super) fn row_text(key: &SectionKey, bound: u64, way: FusedChoice) -> String {
     format!("{key} upto={} {}", bound_token(bound), way_token(key.op, way))
@@ -244,6 +267,20 @@ impl Tuning {
             }
         };
         let (_, library) = next_field(&mut lines, "library")?;
+        // The grid lines (none in a file of an older tune), each (rank count, family) once.
+        let mut grids: Vec<GridCap> = Vec::new();
+        while let Some(&(n, l)) = lines.peek().filter(|(_, l)| l.starts_with("grid ")) {
+            let g = parse_grid(n, l)?;
+            if !RANK_COUNTS.contains(&g.nranks) || grids.iter().any(|o| o.nranks == g.nranks && o.family == g.family) {
+                return Err(TuningError::new(
+                    Table,
+                    Some(n),
+                    format!("'{l}': a rank count of {RANK_COUNTS:?}, each family once"),
+                ));
+            }
+            grids.push(g);
+            lines.next();
+        }
         // The rows, then the end line.
         let mut sections: Vec<Section> = Vec::new();
         let mut row_lines: Vec<Vec<usize>> = Vec::new();
@@ -268,21 +305,32 @@ impl Tuning {
             }
             rows += 1;
         };
-        let counted = count.strip_prefix("rows=").and_then(|c| c.parse::<usize>().ok()).ok_or_else(|| {
-            TuningError::new(Syntax, Some(end_line), format!("'end {count}': expected 'end rows=<count>'"))
-        })?;
-        if counted != rows {
+        // `end rows=<r>`, and ` grids=<g>` where there are grid lines: a line lost or added is
+        // caught either way.
+        let (rows_text, grids_text) = count.split_once(' ').unwrap_or((count, "grids=0"));
+        let number = |text: &str, key: &str| text.trim().strip_prefix(key).and_then(|c| c.parse::<usize>().ok());
+        let (Some(counted), Some(counted_grids)) = (number(rows_text, "rows="), number(grids_text, "grids=")) else {
+            return Err(TuningError::new(
+                Syntax,
+                Some(end_line),
+                format!("'end {count}': expected 'end rows=<count>' or 'end rows=<count> grids=<count>'"),
+            ));
+        };
+        if counted != rows || counted_grids != grids.len() {
             return Err(TuningError::new(
                 Truncated,
                 Some(end_line),
-                format!("the end line counts {counted} rows, the file has {rows}: rows were lost or added"),
+                format!(
+                    "the end line counts {counted} rows and {counted_grids} grid lines, the file has {rows} and {}: lines were lost or added",
+                    grids.len()
+                ),
             ));
         }
         if let Some((n, l)) = lines.next() {
             return Err(TuningError::new(Syntax, Some(n), format!("'{l}' after the end line (line {end_line})")));
         }
         check_sections(&sections, &|s, r| row_lines.get(s).and_then(|l| l.get(r)).copied())?;
-        Ok(Tuning { machine: Machine { host, driver, gpus }, links, library, sections })
+        Ok(Tuning { machine: Machine { host, driver, gpus }, links, library, grids, sections })
     }
 
     /// The file's text ([`Tuning::parse`] of it gives `self` back).
@@ -295,8 +343,16 @@ impl Tuning {
         }
         out += &format!("links: {}\n", self.links.token());
         out += &format!("library: {}\n", self.library);
+        for &g in &self.grids {
+            out += &grid_text(g);
+            out.push('\n');
+        }
         out += &self.rows_text();
-        out += &format!("end rows={}\n", self.sections.iter().map(|s| s.rows.len()).sum::<usize>());
+        out += &format!("end rows={}", self.sections.iter().map(|s| s.rows.len()).sum::<usize>());
+        if !self.grids.is_empty() {
+            out += &format!(" grids={}", self.grids.len());
+        }
+        out.push('\n');
         out
     }
 

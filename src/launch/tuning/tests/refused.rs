@@ -86,14 +86,15 @@ fn malformed_files_are_refused_by_name() {
         Table,
         "it must be upto=max",
     );
-    refused(&with("end rows=10", "end rows=9"), Truncated, "counts 9 rows, the file has 10");
+    refused(&with("end rows=10", "end rows=9"), Truncated, "counts 9 rows and 1 grid lines, the file has 10 and 1");
+    refused(&with("grids=1", "grids=0"), Truncated, "counts 10 rows and 0 grid lines, the file has 10 and 1");
     refused(&with("end rows=10", "end"), Syntax, "expected 'end rows=<count>'");
     refused(
-        &with("end rows=10\n", "end rows=10\nplain ranks=8 dtype=any upto=max nccl\n"),
+        &with("end rows=10 grids=1\n", "end rows=10 grids=1\nplain ranks=8 dtype=any upto=max nccl\n"),
         Syntax,
         "after the end line",
     );
-    refused(&good.replace("end rows=10\n", ""), Truncated, "cut short");
+    refused(&good.replace("end rows=10 grids=1\n", ""), Truncated, "cut short");
     refused(
         &with("gpu: 0000:3d:00.0 NVIDIA H200", "gpu: 0000:17:00.0 NVIDIA H200"),
         Syntax,
@@ -101,7 +102,7 @@ fn malformed_files_are_refused_by_name() {
     );
     // A section in two places.
     let twice = good.replace("end rows=10", "plain ranks=2 dtype=any upto=max nccl\nend rows=11");
-    refused(&twice, Table, "the rows of plain ranks=2 dtype=any are in two places (line 8) and (line 18)");
+    refused(&twice, Table, "the rows of plain ranks=2 dtype=any are in two places (line 9) and (line 19)");
 }
 
 /// What the loader does with a file's text on the machine of [`machine`]: parse, then check.
