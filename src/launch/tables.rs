@@ -302,7 +302,10 @@ pub(crate) const PCIE_FUSED_AUTO_TABLE: RankTable<FusedChoice> = &[
 
 /// The built-in grid caps: on these links, a family's kernels for groups of up to `n` ranks take
 /// at most this many CTAs (a tuning file's `grid` lines take their place). None yet.
-pub(crate) const GRID_CAPS: &[(LinkClass, Family, &[(i32, u32)])] = &[];
+pub(crate) const GRID_CAPS: &[(LinkClass, Family, GridCaps)] = &[];
+
+/// `(up to n ranks, at most c CTAs)`, by increasing rank count.
+pub(crate) type GridCaps = &'static [(i32, u32)];
 
 /// The built-in cap of `family` on `nranks` ranks over `class` ([`GRID_CAPS`]).
 pub(crate) fn builtin_grid_cap(class: LinkClass, family: Family, nranks: i32) -> Option<u32> {
