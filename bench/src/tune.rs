@@ -551,6 +551,7 @@ mod tests {
             },
             links: LinkClass::Pcie,
             library: library_id(),
+            grids: Vec::new(),
             sections: s,
         };
         t.validate().unwrap();
