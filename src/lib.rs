@@ -10,7 +10,7 @@
 //! | `overlay` | Edge-LLM's own plugin library loaded beside this one (the base), and the policy of whose creator TensorRT sees (`overlay::policy`; `cpp/registration.cpp` carries it out) |
 //! | `plugin` | TensorRT-facing decisions: fields, tensors, and what `enqueue` runs |
 //! | `group` | devices and groups: the per-device record ([`group::device`]), which devices form a group and the multi-process exchange, the peer self-test a group passes before its kernels are trusted, a group's memory, faults, reclaimed memory; `Group::plan` and `Group::run` |
-//! | `launch` | what a launch is: the families and their rules, the launch plan, the embedded kernels, AUTO's tables per link class and the tuning file (`launch::tuning`) |
+//! | `launch` | what a launch is: the families and their rules, the launch plan, the embedded kernels, AUTO's tables per link class and the tuning file (`launch::tuning`), the link probe's launches (`launch::probe`) |
 //! | `link` | what carries the bytes between two ranks (same device, NVLink, PCIe, none), from the driver's P2P attributes |
 //! | `contract`, `loader`, `cuda`, `nccl`, `config`, `tensor`, `error`, `log` | leaves: the host ↔ kernel contract (cbindgen writes `kernels/ear_contract.h` from it), what the dynamic loader knows, the driver, NCCL, every environment knob, tensor types, errors, logging (to a sink installed at start-up) |
 //!
@@ -74,6 +74,11 @@ pub mod tuning {
     };
 }
 pub use launch::{Fits, FusedCall, Message};
+/// The link probe's kernels (`edgellm-allreduce-bench probe`): SM copies and dependent round
+/// trips across a link (a peer's memory, mapped pinned host memory), on the caller's stream.
+pub mod probe {
+    pub use crate::launch::probe::{copy, latency, RoundTrip, RING_BYTES, THREADS};
+}
 pub use link::{describe as describe_links, group_class, pair_facts, query as link_facts, LinkClass, PairFacts};
 pub use nccl::dtype_code as nccl_dtype_code;
 pub use nvml::{p2p as nvml_p2p, P2p};

@@ -8,6 +8,7 @@ mod gpu;
 mod measure;
 mod nccl;
 mod plot;
+mod probe;
 mod real;
 mod record;
 mod sim;
@@ -56,6 +57,10 @@ enum Command {
     /// Measures every way AUTO can take on this machine and writes the library's tuning file
     /// (AUTO's tables for these GPUs and links).
     Tune(tune::TuneArgs),
+    /// Measures a link: SM stores and loads across it (bandwidth against CTAs, size, one or
+    /// both directions), copy-engine copies, round trips. --mode host: a GPU against pinned host
+    /// memory over its PCIe link; --mode peers: every pair of GPUs with peer access.
+    Probe(probe::ProbeArgs),
 }
 
 #[derive(Args)]
@@ -207,6 +212,7 @@ fn main() {
             0
         }),
         Some(Command::Tune(t)) => tune::run(t),
+        Some(Command::Probe(p)) => probe::run(p),
         None => run(cli.run),
     };
     std::process::exit(code);

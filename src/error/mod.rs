@@ -112,6 +112,10 @@ pub enum Error {
     #[error("the fused residual + RMSNorm all-reduce cannot run: {0}")]
     NormUnavailable(String),
 
+    /// Arguments the link probe's kernels cannot take (`crate::launch::probe`).
+    #[error("link probe: {0}")]
+    Probe(String),
+
     #[error("the CUDA driver (libcuda.so.1) could not be loaded: a GPU and its driver are needed for this call")]
     NoDriver,
 

@@ -1,11 +1,12 @@
 //! The embedded CUDA kernels (`kernels/*.cu`, compiled by build.rs into fatbins), loaded once
 //! per device (`crate::group::device` keeps them): every family's kernels by name
-//! ([`crate::launch::family`] names them), the residual + RMSNorm kernel that follows NCCL, and
-//! the peer self-test (`crate::group::selftest`).
+//! ([`crate::launch::family`] names them), the residual + RMSNorm kernel that follows NCCL, the
+//! peer self-test (`crate::group::selftest`) and the link probe ([`crate::launch::probe`]).
 
 use crate::cuda::{self, Function};
 use crate::error::{Error, Result};
 use crate::launch::family::{self, Family, Op, RANK_COUNTS, TYPES};
+use crate::launch::probe;
 use crate::tensor::DataType;
 use std::collections::HashMap;
 
@@ -24,6 +25,8 @@ pub struct DeviceKernels {
     norms: HashMap<DataType, Function>,
     /// `ear_selftest` and `ear_selftest_push` (`crate::group::selftest`).
     selftest: Option<(Function, Function)>,
+    /// The link probe's kernels, in [`probe::Kernel::ALL`]'s order (no group needs them).
+    probe: [Option<Function>; 2],
     /// Programmatic dependent launch: sm_90 and newer, unless EDGELLM_ALLREDUCE_PDL=0, when every
     /// kernel carries its `griddepcontrol.wait` (code from compute_90 or newer: PTX of compute_80
     /// JIT-compiled for an sm_90 has none, and launched early it would read its inputs before
@@ -51,7 +54,8 @@ impl DeviceKernels {
         let mut names: Vec<String> = keys.iter().map(|&(f, o, t, n)| family::kernel_name(f, o, t, n)).collect();
         names.extend(TYPES.map(family::norm_kernel_name));
         names.extend([SELFTEST_KERNEL, SELFTEST_PUSH_KERNEL].map(str::to_owned));
-        let (mut functions, mut norms, mut selftest) = (HashMap::new(), HashMap::new(), None);
+        names.extend(probe::Kernel::ALL.map(|k| k.name().to_owned()));
+        let (mut functions, mut norms, mut selftest, mut probes) = (HashMap::new(), HashMap::new(), None, [None; 2]);
         let mut failed: Vec<(&str, i32)> = Vec::new();
         cuda::with_context(context, || {
             for (module, image, defined) in MODULES {
@@ -75,6 +79,9 @@ impl DeviceKernels {
                 }
                 let at = keys.len() + TYPES.len();
                 selftest = selftest.or(found[at].zip(found[at + 1]));
+                for (slot, f) in probes.iter_mut().zip(&found[at + 2..]) {
+                    *slot = slot.or(*f);
+                }
             }
             Ok(())
         })?;
@@ -99,7 +106,7 @@ impl DeviceKernels {
         let mut ptx_versions = functions.values().chain(norms.values()).map(|f| f.ptx_version());
         let sm90_code = ptx_versions.try_fold(true, |all, v| v.map(|v| all && v >= 90))?;
         let pdl = major >= 9 && sm90_code && crate::config::get().pdl;
-        Ok(DeviceKernels { functions, norms, selftest, pdl, sm90_code, sm_count, unavailable })
+        Ok(DeviceKernels { functions, norms, selftest, probe: probes, pdl, sm90_code, sm_count, unavailable })
     }
 
     /// Err unless every custom kernel module loaded, the peer self-test's among them (a group
@@ -114,6 +121,11 @@ impl DeviceKernels {
     /// The peer self-test's kernels (`ear_selftest`, `ear_selftest_push`), if they loaded.
     pub(crate) fn selftest(&self) -> Option<(Function, Function)> {
         self.selftest
+    }
+
+    /// One of the link probe's kernels, if it loaded.
+    pub(crate) fn probe(&self, kernel: probe::Kernel) -> Option<Function> {
+        self.probe[kernel as usize]
     }
 
     /// Err unless the residual + RMSNorm kernel that the fused op runs after NCCL (or alone,
@@ -142,7 +154,7 @@ mod tests {
     fn every_kernel_file_is_embedded() {
         let names: Vec<_> = MODULES.iter().map(|(n, _, _)| *n).collect();
         let sources = Family::ALL.iter().flat_map(|f| f.describe().sources.iter().copied());
-        for file in sources.chain(["rmsnorm", "selftest"]) {
+        for file in sources.chain(["rmsnorm", "selftest", "probe"]) {
             assert!(names.contains(&file), "{file} missing from {names:?}");
         }
         assert!(MODULES.iter().all(|(_, image, _)| image.len() > 1024), "fatbins are not empty");
@@ -158,12 +170,13 @@ mod tests {
         };
         let mut names: Vec<String> = TYPES.map(family::norm_kernel_name).to_vec();
         names.extend([SELFTEST_KERNEL, SELFTEST_PUSH_KERNEL].map(str::to_owned));
+        names.extend(probe::Kernel::ALL.map(|k| k.name().to_owned()));
         for f in Family::ALL {
             for op in [Op::AllReduce, Op::ResidualRmsNorm] {
                 names.extend(TYPES.iter().flat_map(|&t| RANK_COUNTS.map(|n| family::kernel_name(f, op, t, n))));
             }
         }
-        assert_eq!(names.len(), TYPES.len() + 2 + 2 * Family::ALL.len() * TYPES.len() * RANK_COUNTS.len());
+        assert_eq!(names.len(), TYPES.len() + 2 + 2 + 2 * Family::ALL.len() * TYPES.len() * RANK_COUNTS.len());
         let missing: Vec<_> = names.iter().filter(|n| !holds(n)).collect();
         assert!(missing.is_empty(), "kernels missing from the fatbins: {missing:?}");
         assert!(!holds("ear_oneshot_f16_n2"), "the names before they said their sync method are gone");

@@ -1,7 +1,7 @@
 //! Every kernel launch of the library goes through [`Launch::run`]: a family's all-reduce, the
-//! residual + RMSNorm kernel, the peer self-test. One place decides how a kernel is launched:
-//! its one parameter block by value, no dynamic shared memory, programmatic dependent launch where
-//! the device's kernels allow it (`DeviceKernels::pdl`).
+//! residual + RMSNorm kernel, the peer self-test, the link probe. One place decides how a kernel
+//! is launched: its one parameter block by value, no dynamic shared memory, programmatic dependent
+//! launch where the device's kernels allow it (`DeviceKernels::pdl`).
 
 use crate::contract::EarPlan;
 use crate::cuda::{self, Function, Stream};

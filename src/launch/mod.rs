@@ -2,14 +2,16 @@
 //! once ([`family`]), which path a call takes ([`strategy`], AUTO's [`tables`] and the tuning
 //! file, [`tuning`]), one rank's whole plan of a call ([`plan`]: path, kernels, grid, block, flags,
 //! from one C rule shared with the kernel simulations), the embedded kernels ([`kernels`],
-//! [`kernel_images`]) and the one launcher ([`launcher`]). Nothing here holds state: a group
-//! (`crate::group`) gathers the facts, asks for the plan and executes it.
+//! [`kernel_images`]), the one launcher ([`launcher`]) and the link probe's launches ([`probe`]).
+//! Nothing here holds state: a group (`crate::group`) gathers the facts, asks for the plan and
+//! executes it.
 
 pub(crate) mod family;
 pub(crate) mod kernel_images;
 pub(crate) mod kernels;
 pub(crate) mod launcher;
 pub(crate) mod plan;
+pub(crate) mod probe;
 pub(crate) mod strategy;
 pub(crate) mod tables;
 pub(crate) mod tuning;
