@@ -15,6 +15,11 @@ uint64_t ear_lamport_max_msg(uint64_t max_msg_bytes)
     return EAR_LAMPORT_MAX_MSG(max_msg_bytes);
 }
 
+uint64_t ear_push_max_msg(uint64_t max_msg_bytes)
+{
+    return EAR_PUSH_MAX_MSG(max_msg_bytes);
+}
+
 uint32_t ear_grid(uint64_t work_vecs, uint32_t max_blocks)
 {
     return EAR_GRID(work_vecs, max_blocks);
@@ -60,8 +65,8 @@ uint32_t ear_state_bytes(void)
     return EAR_STATE_BYTES;
 }
 
-/* The fused all-reduce + residual + RMSNorm launch rule and size checks. family: 0 one-shot,
- * 1 two-shot, 2 Lamport. */
+/* The fused all-reduce + residual + RMSNorm launch rule and size checks. family: EAR_FAMILY_*
+ * (one-shot, two-shot, Lamport, push). */
 uint32_t ear_fused_block(uint32_t hidden, uint32_t elem)
 {
     return EAR_FUSED_BLOCK(hidden, elem);
@@ -81,9 +86,10 @@ int ear_fused_fits(int family, uint64_t tokens, uint32_t hidden, uint32_t elem, 
 {
     switch (family)
     {
-    case 0: return EAR_FUSED_ONESHOT_FITS(tokens, hidden, elem, max_msg_bytes);
-    case 1: return EAR_FUSED_TWOSHOT_FITS(tokens, hidden, elem, max_msg_bytes, (uint64_t)nranks);
-    case 2: return EAR_FUSED_LAMPORT_FITS(tokens, hidden, elem, max_msg_bytes);
+    case EAR_FAMILY_ONESHOT: return EAR_FUSED_ONESHOT_FITS(tokens, hidden, elem, max_msg_bytes);
+    case EAR_FAMILY_TWOSHOT: return EAR_FUSED_TWOSHOT_FITS(tokens, hidden, elem, max_msg_bytes, (uint64_t)nranks);
+    case EAR_FAMILY_LAMPORT: return EAR_FUSED_LAMPORT_FITS(tokens, hidden, elem, max_msg_bytes);
+    case EAR_FAMILY_PUSH: return EAR_FUSED_PUSH_FITS(tokens, hidden, elem, max_msg_bytes);
     default: return 0;
     }
 }
