@@ -8,7 +8,7 @@
  * protocol changes EAR_PROTOCOL_ID (src/contract.rs).
  *
  * Protocols, ordering and why slot reuse is safe: the top of each kernel file (oneshot.cu,
- * twoshot.cu, lamport.cu and their *_norm.cu).
+ * twoshot.cu, lamport.cu, push.cu and their *_norm.cu).
  *
  * ---------------------------------------------------------------------------------------
  * Workspace of ONE rank: one device allocation, zero-filled by the host at creation, never
@@ -39,6 +39,8 @@
  *                              (two-shot; row of a writer: EAR_TWOSHOT_STAGE_ROW)
  *     EAR_OFF_TWOSHOT_GATHER   nranks segs x EAR_TWOSHOT_SEG_BYTES(m, n)    (two-shot)
  *     EAR_OFF_LAMPORT          3 buffers x nranks rows x EAR_LAMPORT_ROW_BYTES(m)
+ *     EAR_OFF_PUSH             2 parities x (nranks-1) rows x EAR_PUSH_ROW_BYTES(m)
+ *                              (staged push; row of a source: EAR_PUSH_ROW)
  *   where m = max_msg_bytes (the largest count * elem_size the workspace serves; the same
  *   value goes into EarAllReduceParams.ws_max_bytes on every call) and n = nranks.
  *   Every rank of a communicator must create its workspace with the same (m, n).
@@ -53,32 +55,33 @@
  * block, 16-byte aligned, e.g. its own cudaMalloc + cudaMemset 0), local only: never mapped
  * into peers, never touched by the host after the zero-fill. It holds one copy of the call
  * counters per CTA index; every advance happens in-kernel (CUDA-graph safe). One state
- * block per (workspace, rank), shared by all three kernel families, used by one stream at
- * a time.
+ * block per (workspace, rank), shared by all kernel families, used by one stream at a time.
  *
  * ---------------------------------------------------------------------------------------
  * Launch rule (host):
- *   - block = EAR_BLOCK_THREADS threads for ear_oneshot_barrier_* / ear_twoshot_polled_*; for
- *     ear_oneshot_lamport_* any multiple of 32 in [32, EAR_BLOCK_THREADS], EAR_LAMPORT_BLOCK(vecs, max_blocks)
- *     suggested (and then grid = EAR_LAMPORT_GRID(vecs, max_blocks)). No dynamic shared
- *     memory, the params by value as the only argument. The PDL attribute (programmatic
- *     stream serialization) is optional.
+ *   - block = EAR_BLOCK_THREADS threads for ear_oneshot_barrier_* / ear_twoshot_polled_* /
+ *     ear_push_staged_*; for ear_oneshot_lamport_* any multiple of 32 in [32, EAR_BLOCK_THREADS],
+ *     EAR_LAMPORT_BLOCK(vecs, max_blocks) suggested (and then grid = EAR_LAMPORT_GRID(vecs,
+ *     max_blocks)). No dynamic shared memory, the params by value as the only argument. The PDL
+ *     attribute (programmatic stream serialization) is optional.
  *   - grid  = EAR_GRID(work_vecs, max_blocks) with
  *         vecs      = ceil(count * elem_size / 16)
- *         work_vecs = vecs                      for ear_oneshot_barrier_*, ear_oneshot_lamport_*
+ *         work_vecs = vecs                      for ear_oneshot_barrier_*, ear_oneshot_lamport_*,
+ *                                               ear_push_staged_*
  *                   = ceil(vecs / nranks)       for ear_twoshot_polled_*
  *         max_blocks in [1, EAR_MAX_BLOCKS]     (tunable; the library uses EAR_MAX_BLOCKS)
  *     Any grid in [1, EAR_MAX_BLOCKS] is correct; what is REQUIRED is that the grid (and
  *     block, count, dtype, family) is IDENTICAL on every rank for the same call, and that every
  *     rank issues the same sequence of custom all-reduce calls on the same communicator
  *     (NCCL fallbacks in between do not matter).
- *   - ALL three families spin on peers: all CTAs of the call on all ranks must be able to be
+ *   - ALL families spin on peers: all CTAs of the call on all ranks must be able to be
  *     co-resident (grid <= SM count; do not share the GPU with work that can starve it).
  *   - input and output 16-byte aligned (else use NCCL); output may equal input (in place);
  *     output must not partially overlap input.
  *   - dtype: f32, f16, bf16 (sum). count >= 1.
  *   - count * elem_size <= ws_max_bytes                           (oneshot, twoshot)
  *     count * elem_size <= EAR_LAMPORT_MAX_MSG(ws_max_bytes)      (lamport)
+ *     count * elem_size <= EAR_PUSH_MAX_MSG(ws_max_bytes)         (push)
  *     Violations, nranks != the kernel's N or rank outside [0, N) trap (sticky error).
  *   - fault, timeout_ns, generation: every wait for a peer gives up after timeout_ns (0: never)
  *     and records generation << 8 | EAR_FAULT_* in *fault (NULL: nowhere); kernels/wait.cuh.
@@ -111,6 +114,8 @@
 /* Lamport buffers are 3 x nranks x row per rank; the row (and so the largest Lamport
  * message) is capped so that the cap costs 3 * nranks * 2 MiB (48 MiB at 8 ranks). */
 #define EAR_LAMPORT_MAX_BYTES ((uint64_t)2u << 20)
+/* Staged push rows are 2 x (nranks - 1) per rank, capped likewise: 30 MiB at 16 ranks. */
+#define EAR_PUSH_MAX_BYTES ((uint64_t)1u << 20)
 
 /* 16-byte vectors in a message of m bytes. */
 #define EAR_VECS(m) EAR_CEIL_DIV((m), EAR_VEC_BYTES)
@@ -132,19 +137,28 @@
 #define EAR_LAMPORT_MAX_MSG(m) \
   (((uint64_t)(m)) < EAR_LAMPORT_MAX_BYTES ? ((uint64_t)(m)) : EAR_LAMPORT_MAX_BYTES)
 #define EAR_LAMPORT_ROW_BYTES(m) EAR_ROUND_UP(EAR_LAMPORT_MAX_MSG(m), EAR_ALIGN_BYTES)
+/* Staged push: largest message and row size. A reader holds one row per source for each parity
+ * of the call number (a row is rewritten only two calls later: push.cu). Row of `src` in
+ * `reader`'s region, for parity `par` (0 or 1): */
+#define EAR_PUSH_MAX_MSG(m) (((uint64_t)(m)) < EAR_PUSH_MAX_BYTES ? ((uint64_t)(m)) : EAR_PUSH_MAX_BYTES)
+#define EAR_PUSH_ROW_BYTES(m) EAR_ROUND_UP(EAR_PUSH_MAX_MSG(m), EAR_ALIGN_BYTES)
+#define EAR_PUSH_ROW(par, src, reader, n) \
+  ((uint64_t)(par) * ((uint64_t)(n) - 1u) + (uint64_t)(src) - ((src) > (reader) ? 1u : 0u))
 
 /* Offsets inside the data region (add EAR_SIGNAL_BYTES for offsets from the base). */
 #define EAR_OFF_ONESHOT(m, n) ((uint64_t)0u)
 #define EAR_OFF_TWOSHOT_STAGE(m, n) (EAR_OFF_ONESHOT(m, n) + 2u * EAR_ONESHOT_BANK_BYTES(m))
 #define EAR_OFF_TWOSHOT_GATHER(m, n) (EAR_OFF_TWOSHOT_STAGE(m, n) + EAR_TWOSHOT_STAGE_BYTES(m, n))
 #define EAR_OFF_LAMPORT(m, n) (EAR_OFF_TWOSHOT_GATHER(m, n) + EAR_TWOSHOT_AREA_BYTES(m, n))
+#define EAR_OFF_PUSH(m, n) (EAR_OFF_LAMPORT(m, n) + 3u * (uint64_t)(n) * EAR_LAMPORT_ROW_BYTES(m))
 
 /* Data region size of one rank:
- *   2*B1(m) + round128(2*(n-1)*G) + round128(n*G) + 3*n*round128(min(m, 2 MiB)),
+ *   2*B1(m) + round128(2*(n-1)*G) + round128(n*G) + 3*n*round128(min(m, 2 MiB))
+ *   + 2*(n-1)*round128(min(m, 1 MiB)),
  *   B1(m) = round128(ceil(m/16)*16), G = ceil(ceil(m/16)/n)*16.
- *   About (5 - 2/n)*m + 6*n MiB for m >= 2 MiB (4*m + 12 MiB at 2 ranks). */
+ *   About (5 - 2/n)*m + (8*n - 2) MiB for m >= 2 MiB (4*m + 14 MiB at 2 ranks). */
 #define EAR_DATA_BYTES(m, n) \
-  (EAR_OFF_LAMPORT(m, n) + 3u * (uint64_t)(n) * EAR_LAMPORT_ROW_BYTES(m))
+  (EAR_OFF_PUSH(m, n) + 2u * ((uint64_t)(n) - 1u) * EAR_PUSH_ROW_BYTES(m))
 /* Peer self-test area (kernels/selftest.cu), after the data region (128-byte aligned, as every
  * region before it): EAR_MAX_RANKS 16-byte inbox slots, then the 16-byte local slot on a line of
  * its own. Offsets below are from the start of the area. */
@@ -213,7 +227,7 @@ _Static_assert(sizeof(void*) == 8, "64-bit targets only");
 
 /* ---------------------------------------------------------------------------------------
  * Fused all-reduce + residual (+ bias) + RMSNorm: kernels/oneshot_norm.cu, twoshot_norm.cu,
- * lamport_norm.cu, rmsnorm.cu (ADDITIONS ONLY:
+ * lamport_norm.cu, push_norm.cu, rmsnorm.cu (ADDITIONS ONLY:
  * nothing above changes; the fused kernels use the same workspace regions, signal slots,
  * state counters and launch contract as the plain families: the top of each *_norm.cu).
  *
@@ -227,6 +241,7 @@ _Static_assert(sizeof(void*) == 8, "64-bit targets only");
  *   ear_oneshot_barrier_norm_<t>_n<N>   one-shot (pull), 1 barrier, shares seq / banks / slots
  *   ear_twoshot_barrier_norm_<t>_n<N>   two-shot (push RS + push AG), 2 barriers, shares seq
  *   ear_oneshot_lamport_norm_<t>_n<N>   Lamport one-shot (push), no barrier, shares lam_seq
+ *   ear_push_staged_norm_<t>_n<N>       staged push, N-1 flag handoffs, shares seq / slots
  *   ear_residual_rmsnorm_<t>            no ranks, no workspace (after an NCCL all-reduce):
  *                                       ar.input = x, ar.count = tokens*hidden, rest ignored
  *   t in {f32, f16, bf16}, N in {2, 4, 6, 8, 16}.
@@ -256,9 +271,11 @@ _Static_assert(sizeof(void*) == 8, "64-bit targets only");
  *       oneshot_norm: EAR_FUSED_ONESHOT_FITS(tokens, hidden, elem, m)
  *       twoshot_norm: EAR_FUSED_TWOSHOT_FITS(tokens, hidden, elem, m, n)
  *       lamport_norm: EAR_FUSED_LAMPORT_FITS(tokens, hidden, elem, m)
+ *       push_norm:    EAR_FUSED_PUSH_FITS(tokens, hidden, elem, m)
  *     (for hidden * elem % 16 == 0 and 16-byte rows divisible by n these are exactly
- *     tokens * hidden * elem <= m, resp. <= EAR_LAMPORT_MAX_MSG(m)). Violations, nranks !=
- *     N, bad rank, grid > EAR_MAX_BLOCKS (rank families) or a wrong block trap (sticky error).
+ *     tokens * hidden * elem <= m, resp. <= EAR_LAMPORT_MAX_MSG(m), <= EAR_PUSH_MAX_MSG(m)).
+ *     Violations, nranks != N, bad rank, grid > EAR_MAX_BLOCKS (rank families) or a wrong block
+ *     trap (sticky error).
  * ---------------------------------------------------------------------------------------
  */
 /* 16-byte vectors per token row (the last one may be partial). */
@@ -347,7 +364,7 @@ static inline EarPlan ear_norm_plan_of(uint64_t tokens, uint32_t hidden, uint32_
   return p;
 }
 
-/* Staged bytes of a [tokens, hidden] message (one-shot bank, Lamport row). */
+/* Staged bytes of a [tokens, hidden] message (one-shot bank, Lamport row, push row). */
 #define EAR_FUSED_STAGE_BYTES(tokens, hidden, elem) \
   ((uint64_t)(tokens) * EAR_FUSED_ROW_VECS(hidden, elem) * EAR_VEC_BYTES)
 /* Two-shot: each row is cut into n column slices of ceil(row_vecs / n) vectors; rank s owns
@@ -360,6 +377,8 @@ static inline EarPlan ear_norm_plan_of(uint64_t tokens, uint32_t hidden, uint32_
   (EAR_FUSED_TWOSHOT_SEG_NEED(tokens, hidden, elem, n) <= EAR_TWOSHOT_SEG_BYTES(m, n))
 #define EAR_FUSED_LAMPORT_FITS(tokens, hidden, elem, m) \
   (EAR_FUSED_STAGE_BYTES(tokens, hidden, elem) <= EAR_LAMPORT_MAX_MSG(m))
+#define EAR_FUSED_PUSH_FITS(tokens, hidden, elem, m) \
+  (EAR_FUSED_STAGE_BYTES(tokens, hidden, elem) <= EAR_PUSH_MAX_MSG(m))
 
 /* The largest plain message of a family whose capacity rule is `rule`, in a workspace made for
  * m bytes. */
@@ -367,6 +386,7 @@ static inline uint64_t ear_max_msg_of(EarCapacityRule rule, uint64_t m) {
   switch (rule) {
     case EAR_CAPACITY_RULE_WORKSPACE: return m;
     case EAR_CAPACITY_RULE_LAMPORT: return EAR_LAMPORT_MAX_MSG(m);
+    case EAR_CAPACITY_RULE_PUSH: return EAR_PUSH_MAX_MSG(m);
   }
   return 0u;
 }
@@ -379,6 +399,7 @@ static inline int ear_fused_fits_of(EarFusedFitRule rule, uint64_t tokens, uint3
     case EAR_FUSED_FIT_RULE_ONESHOT: return EAR_FUSED_ONESHOT_FITS(tokens, hidden, elem, m);
     case EAR_FUSED_FIT_RULE_TWOSHOT: return EAR_FUSED_TWOSHOT_FITS(tokens, hidden, elem, m, n);
     case EAR_FUSED_FIT_RULE_LAMPORT: return EAR_FUSED_LAMPORT_FITS(tokens, hidden, elem, m);
+    case EAR_FUSED_FIT_RULE_PUSH: return EAR_FUSED_PUSH_FITS(tokens, hidden, elem, m);
   }
   return 0;
 }

@@ -1,7 +1,8 @@
 // common.cuh: what every kernel file includes: the host contract (allreduce_params.h) and the
 // shared device code, by subject: memory.cuh (memory ordering), vectors.cuh (vectors, the
 // reduction, batched loops), sync.cuh (state, flags, barriers), lamport.cuh (self-flagging
-// data), rows.cuh (the fused kernels' rows); and the macro that names a family's kernels.
+// data), push.cuh (the staged push's passes), rows.cuh (the fused kernels' rows); and the macro
+// that names a family's kernels.
 #pragma once
 
 #include <stdint.h>
@@ -25,6 +26,7 @@ constexpr int kThreads = EAR_BLOCK_THREADS;
 #include "vectors.cuh"
 #include "sync.cuh"
 #include "lamport.cuh"
+#include "push.cuh"
 #include "rows.cuh"
 
 // The element types the kernels are instantiated for, written once: M(..., TNAME, T) for each

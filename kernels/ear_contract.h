@@ -8,7 +8,7 @@
 
 #include <stdint.h>
 
-// Names the kernels' cross-rank protocol and the exchange record's layout ("EAR8" read as
+// Names the kernels' cross-rank protocol and the exchange record's layout ("EARA" read as
 // big-endian bytes): the one id of the contract (there is no other version number). Ranks
 // running builds with different ids never form a group: each rejects the other's records, so
 // all fall back to NCCL together instead of waiting on each other in kernels whose protocols
@@ -23,8 +23,12 @@
 // {flag value, pointer} entries written and read as one atomic (no fence in place), the 4+
 // rank one-shot reading inputs in place too, with an end barrier, and the exchange only on
 // calls that say so (`EAR_CALL_POINTERS`). "EAR9": EAR8 with the peer self-test's area after
-// the data region (`EAR_SELFTEST_OFFSET`, `kernels/selftest.cu`): a longer workspace.
-#define EAR_PROTOCOL_ID 1161908793
+// the data region (`EAR_SELFTEST_OFFSET`, `kernels/selftest.cu`): a longer workspace. "EARA":
+// EAR9 with the push family's region after the Lamport region (`EAR_OFF_PUSH`,
+// `kernels/push.cu`): a longer workspace; a self-test whose peer loads are optional
+// (`EarSelfTestParams::probe_reads`) and that times a push to the next rank
+// (`ear_selftest_push`), and a second exchange gather of three bytes a rank.
+#define EAR_PROTOCOL_ID 1161908801
 
 // `EarAllReduceParams::flags`: peers may read this rank's input in place for this call (the
 // group lives in one process and the input is memory every rank's device reaches). The 4+
@@ -79,6 +83,12 @@
 #define EAR_FAMILY_LAMPORT 2
 
 #define EAR_FAMILY_NORM 3
+
+// The staged push family (`kernels/push.cu`, `kernels/push_norm.cu`): peers are only written,
+// never read, one outbound and one inbound peer per pass (N-1 passes), for PCIe, where peer
+// writes are the fast and safe direction; messages up to `EAR_PUSH_MAX_MSG`. After
+// `EAR_FAMILY_NORM`, which keeps its id.
+#define EAR_FAMILY_PUSH 4
 
 // `EarPlan::op`: the sum alone, or the fused residual (+ bias) + RMSNorm after it.
 #define EAR_OP_ALLREDUCE 0
@@ -148,6 +158,8 @@ typedef enum EarCapacityRule {
   EAR_CAPACITY_RULE_WORKSPACE,
   // `EAR_LAMPORT_MAX_MSG(m)`: the Lamport rows are capped at 2 MiB.
   EAR_CAPACITY_RULE_LAMPORT,
+  // `EAR_PUSH_MAX_MSG(m)`: the staged push rows are capped at 1 MiB.
+  EAR_CAPACITY_RULE_PUSH,
 } EarCapacityRule;
 
 // Which fused calls fit a family's part of the workspace (`ear_fused_fits_of`).
@@ -155,6 +167,7 @@ typedef enum EarFusedFitRule {
   EAR_FUSED_FIT_RULE_ONESHOT,
   EAR_FUSED_FIT_RULE_TWOSHOT,
   EAR_FUSED_FIT_RULE_LAMPORT,
+  EAR_FUSED_FIT_RULE_PUSH,
 } EarFusedFitRule;
 
 // Which `EAR_CALL_*` flags a family's plain kernels read (`ear_plan_of`).

@@ -14,7 +14,8 @@
 #define EAR_FOR_EACH_FAMILY(M) \
   M(oneshot, EAR_FAMILY_ONESHOT, oneshot_barrier, oneshot_barrier, oneshot_barrier_norm, EAR_GRID_RULE_VECS, EAR_FUSED_GRID_RULE_ROWS, EAR_CAPACITY_RULE_WORKSPACE, EAR_FUSED_FIT_RULE_ONESHOT, EAR_FLAGS_RULE_POINTERS_OUT_OF_PLACE, 0, 0, 0) \
   M(twoshot, EAR_FAMILY_TWOSHOT, twoshot_polled, twoshot_barrier, twoshot_barrier_norm, EAR_GRID_RULE_SEGMENTS, EAR_FUSED_GRID_RULE_ROWS, EAR_CAPACITY_RULE_WORKSPACE, EAR_FUSED_FIT_RULE_TWOSHOT, EAR_FLAGS_RULE_POINTERS_ALWAYS, 1, 0, 1) \
-  M(lamport, EAR_FAMILY_LAMPORT, oneshot_lamport, oneshot_lamport, oneshot_lamport_norm, EAR_GRID_RULE_LAMPORT, EAR_FUSED_GRID_RULE_LAMPORT, EAR_CAPACITY_RULE_LAMPORT, EAR_FUSED_FIT_RULE_LAMPORT, EAR_FLAGS_RULE_NONE, 1, 1, 1)
+  M(lamport, EAR_FAMILY_LAMPORT, oneshot_lamport, oneshot_lamport, oneshot_lamport_norm, EAR_GRID_RULE_LAMPORT, EAR_FUSED_GRID_RULE_LAMPORT, EAR_CAPACITY_RULE_LAMPORT, EAR_FUSED_FIT_RULE_LAMPORT, EAR_FLAGS_RULE_NONE, 1, 1, 1) \
+  M(push, EAR_FAMILY_PUSH, push_staged, push_staged, push_staged_norm, EAR_GRID_RULE_VECS, EAR_FUSED_GRID_RULE_ROWS, EAR_CAPACITY_RULE_PUSH, EAR_FUSED_FIT_RULE_PUSH, EAR_FLAGS_RULE_NONE, 1, 1, 1)
 
 #endif /* EAR_FAMILIES_H */
 
@@ -28,4 +29,6 @@
 #include "twoshot_norm.cu"
 #include "lamport.cu"
 #include "lamport_norm.cu"
+#include "push.cu"
+#include "push_norm.cu"
 #endif

@@ -79,6 +79,28 @@ __device__ __forceinline__ void cta_barrier(const EarAllReduceParams& p, uint64_
   __syncthreads();
 }
 
+// One-way cross-rank handoff of CTA blockIdx.x (the staged push, push.cuh): after a
+// __syncthreads, thread 0 publishes `value` into rank `dst`'s slot[blockIdx.x][rank]
+// (st.release.sys: the CTA's writes so far, to any rank, are ordered before it), while one
+// thread of another warp (when the CTA has two) spins on our slot[blockIdx.x][src] until it holds
+// a value >= `value` (relaxed, then one acquire, as flag_exchange), or gives up (wait.cuh); the
+// second __syncthreads hands that acquire to the whole CTA. Two threads, so that the poll
+// overlaps the release, which waits until the SM's stores have been performed. Orders our writes
+// before dst's reads and src's writes before what the CTA does next: no more.
+template <int N>
+__device__ __forceinline__ void cta_handoff(const EarAllReduceParams& p, int dst, int src, uint64_t value) {
+  __syncthreads();
+  if (threadIdx.x == 0) st_release_sys(signal_slot(peer_base<N>(p, dst), blockIdx.x, p.rank), value);
+  if (threadIdx.x == (blockDim.x > 32u ? 32u : 0u)) {
+    const uint64_t* mine = signal_slot(peer_base<N>(p, p.rank), blockIdx.x, src);
+    Waiting wait;
+    while (ld_relaxed_sys(mine) < value && wait.keep_on()) {
+    }
+    ld_acquire_sys(mine);
+  }
+  __syncthreads();
+}
+
 // Whether this call's ranks tell each other where to read their inputs (a 4+ rank one-shot or
 // two-shot of a group living in one process, on sm_90 or newer: EAR_CALL_POINTERS, set by the
 // host on every rank of the call or on none). Other calls use cta_barrier and the copies.

@@ -7,7 +7,7 @@ use edgellm_allreduce::{DataType, Family};
 /// (every kernel of the op in the one call). A row that cannot run at a size (the family does
 /// not serve it, no NCCL, AUTO picks NCCL in simulation) is reported as `n/a`.
 ///
-/// Adding a row: a variant here, its `name`, list it in [`Case::ALL`] (and `runs_in`), then
+/// Adding a row: a variant here, its `name`, list it in [`Case::all`] (and `runs_in`), then
 /// handle it where the compiler points: `sim::plan` / `real::Shared::plan` (plain) or
 /// `sim::plan_fused` / `real::Shared::plan_fused` (fused: can it run at this shape, with
 /// which kernels), the runners' `enqueue` (one call) and the reference of the check
@@ -50,50 +50,37 @@ impl Case {
     pub fn name(self) -> &'static str {
         match self {
             Case::Nccl => "nccl",
-            Case::Custom(Family::OneShot) => "oneshot",
-            Case::Custom(Family::TwoShot) => "twoshot",
-            Case::Custom(Family::Lamport) => "lamport",
+            Case::Custom(f) => f.name(),
             Case::Auto => "auto",
             Case::Plugin => "plugin",
-            Case::Fused(Family::OneShot) => "fused_oneshot",
-            Case::Fused(Family::TwoShot) => "fused_twoshot",
-            Case::Fused(Family::Lamport) => "fused_lamport",
+            Case::Fused(f) => family_row_name("fused_", f),
             Case::FusedAuto => "fused_auto",
             Case::ArThenNorm => "ar_then_norm",
             Case::NcclThenNorm => "nccl_then_norm",
             Case::PluginFused => "plugin_fused",
-            Case::Split(Family::OneShot) => "split_oneshot",
-            Case::Split(Family::TwoShot) => "split_twoshot",
-            Case::Split(Family::Lamport) => "split_lamport",
+            Case::Split(f) => family_row_name("split_", f),
         }
     }
 
     pub fn parse(s: &str) -> Option<Case> {
-        Case::ALL.into_iter().find(|c| c.name().eq_ignore_ascii_case(s.trim()))
+        Case::all().into_iter().find(|c| c.name().eq_ignore_ascii_case(s.trim()))
     }
 
-    pub const ALL: [Case; 16] = [
-        Case::Nccl,
-        Case::Custom(Family::OneShot),
-        Case::Custom(Family::TwoShot),
-        Case::Custom(Family::Lamport),
-        Case::Auto,
-        Case::Plugin,
-        Case::Fused(Family::OneShot),
-        Case::Fused(Family::TwoShot),
-        Case::Fused(Family::Lamport),
-        Case::FusedAuto,
-        Case::ArThenNorm,
-        Case::NcclThenNorm,
-        Case::PluginFused,
-        Case::Split(Family::OneShot),
-        Case::Split(Family::TwoShot),
-        Case::Split(Family::Lamport),
-    ];
+    /// Every row, in the order of the tables: each family's rows in `Family::ALL`'s order.
+    pub fn all() -> Vec<Case> {
+        let families = |row: fn(Family) -> Case| Family::ALL.map(row);
+        [vec![Case::Nccl], families(Case::Custom).to_vec(), vec![Case::Auto, Case::Plugin]]
+            .into_iter()
+            .chain([families(Case::Fused).to_vec()])
+            .chain([vec![Case::FusedAuto, Case::ArThenNorm, Case::NcclThenNorm, Case::PluginFused]])
+            .chain([families(Case::Split).to_vec()])
+            .flatten()
+            .collect()
+    }
 
     /// The rows of a mode and sweep (fused or plain) when `--strategies` is not given.
     pub fn defaults(mode: Mode, fused: bool) -> Vec<Case> {
-        Case::ALL
+        Case::all()
             .into_iter()
             .filter(|c| c.runs_in(mode) && c.is_fused() == fused && !matches!(c, Case::Split(_)))
             .collect()
@@ -134,6 +121,18 @@ impl Case {
     pub fn shows_path(self) -> bool {
         self.is_meta() || self == Case::ArThenNorm
     }
+}
+
+/// `prefix` + the family's name ("fused_push"), made once per row kind and family.
+fn family_row_name(prefix: &'static str, family: Family) -> &'static str {
+    static NAMES: std::sync::Mutex<Vec<(&str, Family, &str)>> = std::sync::Mutex::new(Vec::new());
+    let mut names = NAMES.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(&(_, _, name)) = names.iter().find(|(p, f, _)| *p == prefix && *f == family) {
+        return name;
+    }
+    let name: &'static str = Box::leak(format!("{prefix}{}", family.name()).into_boxed_str());
+    names.push((prefix, family, name));
+    name
 }
 
 /// Whether a row name (from a run or a CSV) is a fused row; unknown names are not.
@@ -292,7 +291,7 @@ mod tests {
 
     #[test]
     fn names_round_trip_and_modes() {
-        for c in Case::ALL {
+        for c in Case::all() {
             assert_eq!(Case::parse(c.name()), Some(c));
         }
         assert_eq!(Case::parse(" OneShot "), Some(Case::Custom(Family::OneShot)));

@@ -159,7 +159,7 @@ struct RunArgs {
 
 fn parse_case(s: &str) -> Result<Case, String> {
     Case::parse(s).ok_or_else(|| {
-        let names: Vec<&str> = Case::ALL.iter().map(|c| c.name()).collect();
+        let names: Vec<&str> = Case::all().iter().map(|c| c.name()).collect();
         format!("unknown strategy '{s}' ({})", names.join(", "))
     })
 }

@@ -12,7 +12,7 @@
 
 use crate::contract::{
     EarCapacityRule, EarFlagsRule, EarFusedFitRule, EarFusedGridRule, EarGridRule, EarRule, EAR_FAMILY_LAMPORT,
-    EAR_FAMILY_ONESHOT, EAR_FAMILY_TWOSHOT,
+    EAR_FAMILY_ONESHOT, EAR_FAMILY_PUSH, EAR_FAMILY_TWOSHOT,
 };
 use crate::tensor::DataType;
 
@@ -34,6 +34,10 @@ pub enum Family {
     TwoShot,
     /// Push one-shot whose payload is its own arrival flag: no barrier (small messages).
     Lamport,
+    /// Staged push for PCIe: N-1 passes, in each a rank stores into one peer and is stored into
+    /// by one peer, a flag handoff between passes; then every peer's data is local (at 2 ranks a
+    /// push one-shot). Never a peer load.
+    Push,
 }
 
 /// What a kernel computes after the reduction.
@@ -129,8 +133,25 @@ const LAMPORT: Description = Description {
     sources: &["lamport", "lamport_norm"],
 };
 
+const PUSH: Description = Description {
+    name: "push",
+    id: EAR_FAMILY_PUSH,
+    // N-1 passes of remote stores and flag handoffs, then a local reduce (push.cu, push_norm.cu).
+    plain: ["push_staged", "push_staged"],
+    fused: "push_staged_norm",
+    transport: [Transport::Push, Transport::Push, Transport::Push],
+    rule: EarRule {
+        grid: EarGridRule::Vecs,
+        fused_grid: EarFusedGridRule::Rows,
+        capacity: EarCapacityRule::Push,
+        fused_fit: EarFusedFitRule::Push,
+        flags: EarFlagsRule::None,
+    },
+    sources: &["push", "push_norm"],
+};
+
 impl Family {
-    pub const ALL: [Family; 3] = [Family::OneShot, Family::TwoShot, Family::Lamport];
+    pub const ALL: [Family; 4] = [Family::OneShot, Family::TwoShot, Family::Lamport, Family::Push];
 
     /// The family's description (a new variant without one does not compile).
     pub(crate) const fn describe(self) -> &'static Description {
@@ -138,6 +159,7 @@ impl Family {
             Family::OneShot => &ONESHOT,
             Family::TwoShot => &TWOSHOT,
             Family::Lamport => &LAMPORT,
+            Family::Push => &PUSH,
         }
     }
 

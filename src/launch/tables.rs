@@ -191,118 +191,60 @@ pub(crate) const ONE_DEVICE_FUSED_AUTO_TABLE_WIDE: RankTable<FusedChoice> = &[
 pub const NARROW_ROW: u32 = 4096;
 
 /// AUTO's table over PCIe peer-to-peer (no NVLink), by the same keys as [`AUTO_TABLE`]. Not
-/// measured yet (no PCIe machine here): written from a model, for `edgellm-allreduce-bench tune`
-/// to replace on the machine itself (`crate::launch::tuning`).
+/// measured between GPUs (no PCIe pair here): written from a model, for
+/// `edgellm-allreduce-bench tune` to replace on the machine itself (`crate::launch::tuning`).
 ///
-/// The model. A PCIe x16 link carries ~25 GB/s per direction at Gen4 and ~50 at Gen5 (32 and
-/// 64 raw; 25 GB/s measured at Gen4, ZaidQureshi/bam#54; <= 28.4 after TLP headers,
-/// ai-dynamo/aiconfigurator#1301), and a hop costs ~1-2 us (a GPU-driven PCIe round trip
-/// measured ~2 us, aiconfigurator#1301). NCCL's ring moves 2(N-1)/N x S per rank at about the bus bandwidth
-/// but pays ~20-45 us at small sizes (36 us at TP16, local-inference-lab/b12x#139; 45 us at 4 KB
-/// on 8 x RTX 6000D, sgl-project/sglang#32479). Three rules follow.
+/// The model. A PCIe x16 link carries ~25 GB/s per direction at Gen4 and ~50 at Gen5 (25 GB/s
+/// measured at Gen4, ZaidQureshi/bam#54; on this project's H100 the GPU's own Gen5 x16 link to
+/// host memory carried 52.8 GB/s of SM stores and 51.4 of SM loads,
+/// `docs/runs/2026-12-06-h100-probe-host.txt`: GPU to host, not GPU to GPU), and a flag handoff
+/// costs a hop of ~1-2 us (a GPU-driven PCIe round trip ~2 us, ai-dynamo/aiconfigurator#1301;
+/// a load round trip to host memory 1.06 us and a store made visible 0.68 us here). NCCL pays
+/// ~20-45 us at small sizes (36 us at TP16, local-inference-lab/b12x#139; 45 us at 4 KB on
+/// 8 x RTX 6000D, sgl-project/sglang#32479). Three rules follow.
 ///
-/// 1. Read from peers, do not write into them. A one-shot pulls (N-1) x S (its peers' staged
-///    inputs) and the 4+ rank two-shot pulls 2(N-1)/N x S; Lamport pushes (N-1) x S into every
-///    peer, and so does the 2-rank two-shot (`twoshot_polled`: scatter and gather are pushes,
-///    kernels/twoshot.cu), and the fused two-shot at every rank count (kernels/twoshot_norm.cu).
-///    On a 16-GPU RTX PRO 6000 fabric peer reads ran at ~52 GB/s and peer writes at 2.6
-///    (b12x#139, hence b12x pulls in every phase). So the 2-rank two-shot and the fused two-shot
-///    are never chosen (the split path's plain 4+ rank two-shot pulls), and AUTO's fallback
-///    never moves to a family that pushes ([`Family::writes_into_peers`]).
-/// 2. Lamport only while the message is latency-bound: (N-1) x S <= 16 KiB of pushes per rank,
-///    i.e. 16 KiB at 2 ranks, 4 KiB at 4, 2 KiB at 6 and 8, 1 KiB at 16. There the bytes take
-///    <= 0.7 us at 25 GB/s, below one hop, and Lamport saves the one-shot's flag round trip
-///    (2-4 us); on the slow-write fabric above, 16 KiB of writes take 6.3 us, so the worst case
-///    loses about one round trip, not tens of us. (A decode step's 1 x 4096-8192 bf16 row, 8-16
-///    KiB, stays on Lamport at 2 ranks.)
-/// 3. One-shot to the two-shot crossover, then the two-shot, then NCCL above 1 MiB. The one-shot
-///    pulls (N-1)(N-2)/N x S more than the two-shot, which pays one more round trip (~3 us): at
-///    25 GB/s they cross at ~50 KB at 4 ranks, ~14 KB at 8, ~6 KB at 16 (64, 16, 8 KiB taken;
-///    vLLM's NVLink crossovers, 512 and 256 KB at ~360 GB/s, scale to ~35 and ~18 KB). The pulling
-///    two-shot moves the ring's bytes, so its gain over NCCL is fixed cost (~15-35 us); at 1 MiB
-///    the transfer itself takes 31-63 us at 4 ranks (Gen5 to Gen4), and above it the gain is
-///    smaller than what the model leaves out: all-to-all reads from N ranks share root ports
-///    and the CPU link where a ring's neighbour-to-neighbour traffic does not, and a kernel's
-///    sustained peer-read rate is unmeasured here. At 2 ranks the one-shot moves the ring's
-///    bytes (S) too; the same 1 MiB bound keeps it where its latency gain is most of the time.
-///    (Where NCCL itself is slow, e.g. without P2P, 344 us at 64 KB in sglang#32479, a tuned
-///    file moves these bounds up.)
+/// 1. Push, never pull. Posted writes are the safe direction: on some platforms peer loads never
+///    complete (haohervchb/sglang-V100#2; client CPUs support peer writes only,
+///    NVIDIA/open-gpu-kernel-modules#1253), and where both work pushing measured faster (a push
+///    one-shot 5.1/6.7/13.5 us at 5/10/32 KiB against 14.6/18.8/27.9 for pull and 16.0/16.6/18.7
+///    for NCCL on 4 GPUs, squibloads/vllm-pcie-allreduce; on 4 x RTX PRO 6000 peer stores ran at
+///    44.8 GB/s and loads 42.8, vllm-project/vllm#56128). So the one family is the staged push
+///    ([`Family::Push`]): at 2 ranks a push one-shot, at N ranks N-1 passes with one outbound and
+///    one inbound peer each, since all-to-all peer traffic collapses on a root complex (FlashInfer's
+///    PCIe all-reduce stages its pushes likewise, flashinfer-ai/flashinfer#4393). Lamport pushes
+///    too, but all-to-all, its payload its own flag: TensorRT-LLM and FlashInfer use it on NVLink
+///    only. No pulling family runs over PCIe unless a tuning file or `EDGELLM_ALLREDUCE_STRATEGY`
+///    chose one (`crate::launch::strategy::pulls_enabled`).
+/// 2. Push while it beats NCCL's fixed cost. It moves (N-1) x S per rank where the ring moves
+///    2(N-1)/N x S, and takes N-1 handoffs: it gains 25 - 1.5 (N-1) - (N-1)(N-2)/N x S / 25 GB/s
+///    us (NCCL's cost taken at 25 us, a hop at 1.5 us, Gen4): at 2 ranks the bytes are the ring's
+///    and it gains the fixed cost at every size (FlashInfer pushes at every size there, and b12x
+///    up to 512 KiB, local-inference-lab/b12x#246), up to its 1 MiB rows; at 4 ranks up to ~340
+///    KB (256 KiB taken), at 6 and 8 up to ~69 KB (64 KiB); at 16 the 15 handoffs eat the gain
+///    (NCCL).
+/// 3. A few CTAs ([`GRID_CAPS`]): stores saturated the host link from 2 CTAs here (42 GB/s with
+///    one), and FlashInfer's PCIe kernels use 16 CTAs at 2 ranks and 1-4 when staged
+///    (`flashinfer/comm/pcie_ipc_policy.py`): 16 and 4.
 pub(crate) const PCIE_AUTO_TABLE: RankTable<Option<Family>> = &[
-    (2, &[(16 << 10, Some(Family::Lamport)), (1 << 20, Some(Family::OneShot)), (u64::MAX, None)]),
-    (
-        4,
-        &[
-            (4 << 10, Some(Family::Lamport)),
-            (64 << 10, Some(Family::OneShot)),
-            (1 << 20, Some(Family::TwoShot)),
-            (u64::MAX, None),
-        ],
-    ),
-    (
-        8,
-        &[
-            (2 << 10, Some(Family::Lamport)),
-            (16 << 10, Some(Family::OneShot)),
-            (1 << 20, Some(Family::TwoShot)),
-            (u64::MAX, None),
-        ],
-    ),
-    (
-        16,
-        &[
-            (1 << 10, Some(Family::Lamport)),
-            (8 << 10, Some(Family::OneShot)),
-            (1 << 20, Some(Family::TwoShot)),
-            (u64::MAX, None),
-        ],
-    ),
+    (2, &[(1 << 20, Some(Family::Push)), (u64::MAX, None)]),
+    (4, &[(256 << 10, Some(Family::Push)), (u64::MAX, None)]),
+    (8, &[(64 << 10, Some(Family::Push)), (u64::MAX, None)]),
+    (16, &[(u64::MAX, None)]),
 ];
 
-/// AUTO's fused table over PCIe, from [`PCIE_AUTO_TABLE`]'s model: the fused Lamport (it pushes)
-/// within the same bounds, the fused one-shot (it pulls) to the same crossover, then at 4+ ranks
-/// the split path with the plain two-shot (which pulls, where the fused two-shot pushes), NCCL
-/// and the norm kernel above 1 MiB. Rows of every width alike (nothing measured says otherwise).
+/// AUTO's fused table over PCIe, from [`PCIE_AUTO_TABLE`]'s model: the fused staged push within
+/// the same bounds, NCCL and the norm kernel above. Rows of every width alike.
 pub(crate) const PCIE_FUSED_AUTO_TABLE: RankTable<FusedChoice> = &[
-    (
-        2,
-        &[
-            (16 << 10, FusedChoice::Fused(Family::Lamport)),
-            (1 << 20, FusedChoice::Fused(Family::OneShot)),
-            (u64::MAX, FusedChoice::Nccl),
-        ],
-    ),
-    (
-        4,
-        &[
-            (4 << 10, FusedChoice::Fused(Family::Lamport)),
-            (64 << 10, FusedChoice::Fused(Family::OneShot)),
-            (1 << 20, FusedChoice::Split(Family::TwoShot)),
-            (u64::MAX, FusedChoice::Nccl),
-        ],
-    ),
-    (
-        8,
-        &[
-            (2 << 10, FusedChoice::Fused(Family::Lamport)),
-            (16 << 10, FusedChoice::Fused(Family::OneShot)),
-            (1 << 20, FusedChoice::Split(Family::TwoShot)),
-            (u64::MAX, FusedChoice::Nccl),
-        ],
-    ),
-    (
-        16,
-        &[
-            (1 << 10, FusedChoice::Fused(Family::Lamport)),
-            (8 << 10, FusedChoice::Fused(Family::OneShot)),
-            (1 << 20, FusedChoice::Split(Family::TwoShot)),
-            (u64::MAX, FusedChoice::Nccl),
-        ],
-    ),
+    (2, &[(1 << 20, FusedChoice::Fused(Family::Push)), (u64::MAX, FusedChoice::Nccl)]),
+    (4, &[(256 << 10, FusedChoice::Fused(Family::Push)), (u64::MAX, FusedChoice::Nccl)]),
+    (8, &[(64 << 10, FusedChoice::Fused(Family::Push)), (u64::MAX, FusedChoice::Nccl)]),
+    (16, &[(u64::MAX, FusedChoice::Nccl)]),
 ];
 
 /// The built-in grid caps: on these links, a family's kernels for groups of up to `n` ranks take
-/// at most this many CTAs (a tuning file's `grid` lines take their place). None yet.
-pub(crate) const GRID_CAPS: &[(LinkClass, Family, GridCaps)] = &[];
+/// at most this many CTAs (a tuning file's `grid` lines take their place): the staged push over
+/// PCIe, 16 at 2 ranks and 4 above ([`PCIE_AUTO_TABLE`]'s rule 3).
+pub(crate) const GRID_CAPS: &[(LinkClass, Family, GridCaps)] = &[(LinkClass::Pcie, Family::Push, &[(2, 16), (16, 4)])];
 
 /// `(up to n ranks, at most c CTAs)`, by increasing rank count.
 pub(crate) type GridCaps = &'static [(i32, u32)];

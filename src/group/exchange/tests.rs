@@ -30,11 +30,11 @@ fn exchange_records_round_trip() {
     assert_eq!(r.encode().len(), 256, "the record's size never changes");
     assert!(Record::decode(&[0u8; RECORD_BYTES]).is_none(), "no magic, no record");
     assert!(Record::decode(&[0u8; 8]).is_none());
-    for older in [0x4541_5232u32, 0x4541_5234, 0x4541_5235, 0x4541_5236, 0x4541_5237, 0x4541_5238] {
+    for older in [0x4541_5232u32, 0x4541_5234, 0x4541_5235, 0x4541_5236, 0x4541_5237, 0x4541_5238, 0x4541_5239] {
         // "EAR2": two-shot with a barrier; "EAR4": unbounded waits, no abort word; "EAR5":
         // either bounded waits or the pulling two-shot at 4+ ranks, not both; "EAR6": no
         // pointer slots (a 32 KiB signal region); "EAR7": 8-byte pointer slots, released;
-        // "EAR8": no self-test area (a shorter workspace).
+        // "EAR8": no self-test area (a shorter workspace); "EAR9": no push region, reads always probed.
         let mut b = record(1).encode();
         b[0..4].copy_from_slice(&older.to_le_bytes());
         assert!(Record::decode(&b).is_none(), "a build with an earlier kernel protocol");
@@ -72,7 +72,7 @@ fn all_ranks_join_or_none_and_the_log_names_the_difference() {
         (verdict(&|r| r.max_blocks = EAR_MAX_BLOCKS + 1), "grid cap of 129"),
         (
             agree(&[round_trip(&record(0)), None], 2),
-            "rank 1's record is not this build's (another kernel protocol than \"EAR9\")",
+            "rank 1's record is not this build's (another kernel protocol than \"EARA\")",
         ),
         (agree(&[round_trip(&record(0))], 2), "1 records for 2 ranks"),
     ];

@@ -199,92 +199,89 @@ fn fused_call(tp: i32, tokens: u64, hidden: u32) -> Call {
 }
 
 #[test]
-fn over_pcie_auto_reads_from_peers_and_leaves_large_messages_to_nccl() {
-    // The bounds of PCIE_AUTO_TABLE's model: pushes of (N-1) x S <= 16 KiB per rank, NCCL
-    // above 1 MiB.
-    let lamport_ok = |n: i32, bytes: u64| (n as u64 - 1) * bytes <= 16 << 10;
-    // The table's bound: the largest power of two within it.
-    let lamport_bound = |n: i32| 1u64 << (((16u64 << 10) / (n as u64 - 1)).ilog2());
+fn over_pcie_auto_pushes_or_uses_nccl_and_never_pulls() {
+    // PCIE_AUTO_TABLE's model: the staged push up to 1 MiB at 2 ranks, 256 KiB at 4, 64 KiB at
+    // 6 and 8, never at 16; NCCL above; a pulling family never, whatever the size.
+    let bound = |n: i32| match n {
+        2 => 1 << 20,
+        4 => 256 << 10,
+        6 | 8 => 64 << 10,
+        _ => 0,
+    };
     let mut sizes: Vec<u64> = (4..=28).map(|p| 1u64 << p).collect();
     sizes.extend((4..=28).map(|p| (1u64 << p) + 16));
     for n in crate::launch::family::RANK_COUNTS {
         let g = On(Fake { nranks: n, max_bytes: 64 << 20 }, LinkClass::Pcie);
         for &bytes in &sizes {
-            let plain = choose(Requested::Auto, &call(n, bytes), Some(&g)).path;
-            match plain {
-                Path::Custom(Family::Lamport) => assert!(lamport_ok(n, bytes), "{n} ranks, {bytes} B: Lamport"),
-                Path::Custom(Family::TwoShot) => assert!(n > 2, "{n} ranks, {bytes} B: the 2-rank two-shot pushes"),
-                Path::Custom(Family::OneShot) => {}
-                Path::Nccl => assert!(bytes > 1 << 20, "{n} ranks, {bytes} B: NCCL"),
-                p => panic!("{p:?}"),
-            }
-            if bytes > 1 << 20 {
-                assert_eq!(plain, Path::Nccl, "{n} ranks, {bytes} B");
-            }
-            if bytes <= lamport_bound(n) {
-                assert_eq!(plain, Path::Custom(Family::Lamport), "{n} ranks, {bytes} B: latency-bound");
-            }
+            let want = if bytes <= bound(n) { Path::Custom(Family::Push) } else { Path::Nccl };
+            assert_eq!(choose(Requested::Auto, &call(n, bytes), Some(&g)).path, want, "{n} ranks, {bytes} B");
         }
         for hidden in [2048u32, 4096, 8192] {
             for tokens in (0..=12).map(|p| 1u64 << p) {
                 let c = fused_call(n, tokens, hidden);
-                let bytes = c.message.bytes;
-                match choose(Requested::Auto, &c, Some(&g)).path {
-                    Path::Custom(Family::Lamport) | Path::Split(Family::Lamport) => {
-                        assert!(lamport_ok(n, bytes), "{n} ranks, {tokens}x{hidden}")
-                    }
-                    Path::Custom(Family::TwoShot) => panic!("{n} ranks, {tokens}x{hidden}: the fused two-shot pushes"),
-                    Path::Split(Family::TwoShot) => assert!(n > 2, "{n} ranks, {tokens}x{hidden}"),
-                    Path::Nccl => assert!(bytes > 1 << 20, "{n} ranks, {tokens}x{hidden}: NCCL"),
-                    _ => assert!(bytes <= 1 << 20),
-                }
+                let want = if c.message.bytes <= bound(n) { Path::Custom(Family::Push) } else { Path::Nccl };
+                assert_eq!(choose(Requested::Auto, &c, Some(&g)).path, want, "{n} ranks, {tokens}x{hidden}");
             }
         }
     }
-    // The model's crossovers.
-    let at = |n: i32, bytes: u64| {
-        choose(Requested::Auto, &call(n, bytes), Some(&On(Fake { nranks: n, max_bytes: 64 << 20 }, LinkClass::Pcie)))
-            .path
-    };
-    assert_eq!(at(2, 16 << 10), Path::Custom(Family::Lamport), "one decode row of 8192 bf16");
-    assert_eq!(at(2, 32 << 10), Path::Custom(Family::OneShot));
-    assert_eq!(at(2, 1 << 20), Path::Custom(Family::OneShot));
-    assert_eq!(at(4, 64 << 10), Path::Custom(Family::OneShot));
-    assert_eq!(at(4, 128 << 10), Path::Custom(Family::TwoShot), "the pulling two-shot at 4 ranks");
-    assert_eq!(at(6, 2 << 10), Path::Custom(Family::Lamport), "6 ranks: the 8-rank row");
-    assert_eq!(at(16, 2 << 10), Path::Custom(Family::OneShot));
-    assert_eq!(at(8, 2 << 20), Path::Nccl);
+    // The built-in PCIe tables name no family that loads from its peers, at any rank count.
+    let tables = builtin_tables(LinkClass::Pcie).unwrap();
+    for &(n, rows) in tables.plain {
+        for &(_, f) in rows {
+            assert!(f.is_none_or(|f| f.writes_into_peers(Op::AllReduce, n)), "{n} ranks: {f:?} pulls");
+        }
+    }
+    for &(n, rows) in tables.fused.iter().chain(tables.fused_wide) {
+        for &(_, way) in rows {
+            let pushes = match way {
+                FusedChoice::Nccl => true,
+                FusedChoice::Fused(f) => f.writes_into_peers(Op::ResidualRmsNorm, n),
+                FusedChoice::Split(f) => f.writes_into_peers(Op::AllReduce, n),
+            };
+            assert!(pushes, "{n} ranks: {way:?} pulls");
+        }
+    }
+    assert_eq!(builtin_grid_cap(LinkClass::Pcie, Family::Push, 2), Some(16));
+    assert_eq!(builtin_grid_cap(LinkClass::Pcie, Family::Push, 8), Some(4));
+    assert_eq!(builtin_grid_cap(LinkClass::NvLink, Family::Push, 2), None, "only over PCIe");
+}
+
+/// A PCIe group on which no pulling family may run (`pulls_enabled` false).
+struct NoPulls(Fake);
+impl Fits for NoPulls {
+    fn nranks(&self) -> i32 {
+        self.0.nranks
+    }
+    fn serves(&self, family: Family, dtype: DataType, m: &Message) -> bool {
+        self.0.serves(family, dtype, m)
+    }
+    fn link_class(&self) -> LinkClass {
+        LinkClass::Pcie
+    }
+    fn pulls(&self) -> bool {
+        false
+    }
 }
 
 #[test]
-fn over_pcie_the_fallback_never_moves_to_a_family_that_pushes() {
-    // The table says one-shot; a group that cannot run it moves on to the two-shot over
-    // NVLink, but over PCIe only where the two-shot pulls (4+ ranks, plain).
-    let no_oneshot: &[Family] = &[Family::TwoShot, Family::Lamport];
-    let path = |n: i32, c: &Call, class| choose(Requested::Auto, c, Some(&On(Only(n, no_oneshot), class))).path;
-    assert_eq!(path(2, &call(2, 64 << 10), LinkClass::Pcie), Path::Nccl);
-    assert_eq!(path(2, &call(2, 3 << 20), LinkClass::NvLink), Path::Custom(Family::TwoShot), "NVLink: unchanged");
-    assert_eq!(
-        path(4, &call(4, 32 << 10), LinkClass::Pcie),
-        Path::Custom(Family::TwoShot),
-        "4 ranks: the two-shot pulls"
-    );
-    assert_eq!(path(4, &fused_call(4, 4, 4096), LinkClass::Pcie), Path::Nccl, "the fused two-shot pushes");
-    assert_eq!(
-        path(4, &fused_call(4, 64, 4096), LinkClass::NvLink),
-        Path::Custom(Family::TwoShot),
-        "NVLink: the fused one-shot's fallback"
-    );
-    // A forced strategy is the user's to choose.
-    assert_eq!(
-        choose(Requested::Family(Family::TwoShot), &call(2, 64 << 10), Some(&On(Only(2, no_oneshot), LinkClass::Pcie)))
-            .path,
-        Path::Custom(Family::TwoShot)
-    );
-    assert_eq!(
-        choose(Requested::Family(Family::Lamport), &call(2, 1 << 20), Some(&On(GROUP2, LinkClass::Pcie))).path,
-        Path::Custom(Family::Lamport)
-    );
+fn a_pulling_family_runs_only_where_the_group_allows_it() {
+    let g = NoPulls(Fake { nranks: 4, max_bytes: 64 << 20 });
+    let d = choose(Requested::Family(Family::OneShot), &call(4, 64 << 10), Some(&g));
+    assert_eq!((d.path, d.fallback), (Path::Nccl, Some(Fallback::NoPeerReads)), "forced, but it pulls");
+    assert!(Fallback::NoPeerReads.describe().contains("loads from its peers"));
+    let two = NoPulls(Fake { nranks: 2, max_bytes: 64 << 20 });
+    let d = choose(Requested::Family(Family::TwoShot), &call(2, 64 << 10), Some(&two));
+    assert_eq!(d.path, Path::Custom(Family::TwoShot), "the 2-rank two-shot pushes");
+    assert_eq!(choose(Requested::Family(Family::Push), &call(4, 64 << 10), Some(&g)).path, Path::Custom(Family::Push));
+    // Over PCIe AUTO takes its table's choice or NCCL, never another family.
+    let only_oneshot = On(Only(4, &[Family::OneShot]), LinkClass::Pcie);
+    assert_eq!(choose(Requested::Auto, &call(4, 64 << 10), Some(&only_oneshot)).path, Path::Nccl);
+    // Where pulls are allowed (NVLink; PCIe with a tuning file that chose one), they run.
+    let nvlink = On(Fake { nranks: 4, max_bytes: 64 << 20 }, LinkClass::NvLink);
+    let d = choose(Requested::Family(Family::OneShot), &call(4, 64 << 10), Some(&nvlink));
+    assert_eq!(d.path, Path::Custom(Family::OneShot));
+    assert!(pulls_enabled(LinkClass::NvLink, 4, None) && pulls_enabled(LinkClass::SameDevice, 8, None));
+    assert!(!pulls_enabled(LinkClass::Pcie, 2, None), "the built-in PCIe tables never pull");
 }
 
 #[test]
@@ -333,7 +330,9 @@ fn tuned_tables_serve_the_links_they_were_measured_on() {
         "the file's choice, a push family included"
     );
     assert_eq!(auto(&call(2, 4096), LinkClass::Pcie, Some(&pcie)), Path::Custom(Family::OneShot));
-    assert_eq!(auto(&call(2, 1 << 20), LinkClass::Pcie, None), Path::Custom(Family::OneShot), "built-in PCIe table");
+    assert_eq!(auto(&call(2, 1 << 20), LinkClass::Pcie, None), Path::Custom(Family::Push), "built-in PCIe table");
+    assert!(pulls_enabled(LinkClass::Pcie, 2, Some(&pcie)), "the file chose a pulling family at 2 ranks");
+    assert!(!pulls_enabled(LinkClass::Pcie, 4, Some(&pcie)), "not at 4");
     assert_eq!(
         auto(&call(2, 1 << 20), LinkClass::NvLink, Some(&pcie)),
         Path::Custom(Family::Lamport),
@@ -348,13 +347,13 @@ fn tuned_tables_serve_the_links_they_were_measured_on() {
             Some(&pcie)
         )
         .path,
-        Path::Custom(Family::OneShot),
+        Path::Custom(Family::Push),
         "fp16 fused: no section, the built-in PCIe table"
     );
     let four = On(Fake { nranks: 4, max_bytes: 64 << 20 }, LinkClass::Pcie);
     assert_eq!(
         choose_tuned(Requested::Auto, &call(4, 128 << 10), Some(&four), Some(&pcie)).path,
-        Path::Custom(Family::TwoShot),
+        Path::Custom(Family::Push),
         "4 ranks: built-in"
     );
     assert_eq!(
@@ -365,7 +364,7 @@ fn tuned_tables_serve_the_links_they_were_measured_on() {
     );
     let same = Tuning::parse(&text("same-device")).unwrap();
     assert_eq!(auto(&call(2, 1 << 20), LinkClass::SameDevice, Some(&same)), Path::Custom(Family::TwoShot));
-    assert_eq!(auto(&call(2, 1 << 20), LinkClass::Pcie, Some(&same)), Path::Custom(Family::OneShot));
+    assert_eq!(auto(&call(2, 1 << 20), LinkClass::Pcie, Some(&same)), Path::Custom(Family::Push), "built-in");
 }
 
 #[test]

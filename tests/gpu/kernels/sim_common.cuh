@@ -20,6 +20,7 @@
 
 #include "../../../kernels/lamport.cu"
 #include "../../../kernels/oneshot.cu"
+#include "../../../kernels/push.cu"
 #include "../../../kernels/twoshot.cu"
 #include "../../../kernels/twoshot_wide.cu"
 
@@ -58,15 +59,17 @@ static void wait_stream(cudaStream_t s) {
 }
 
 // TWOSHOT is the 2-rank two-shot (twoshot.cu), WIDE the 4+ rank one (twoshot_wide.cu); both
-// run at every N here.
-enum Fam { ONESHOT = 0, TWOSHOT = 1, LAMPORT = 2, WIDE = 3 };
-constexpr int kFams = 4;
+// run at every N here. PUSH: the staged push (push.cu).
+enum Fam { ONESHOT = 0, TWOSHOT = 1, LAMPORT = 2, WIDE = 3, PUSH = 4 };
+constexpr int kFams = 5;
 enum Dt { F32 = 0, F16 = 1, BF16 = 2 };
-static const char* kFamName[] = {"oneshot", "twoshot", "lamport", "twoshot_wide"};
+static const char* kFamName[] = {"oneshot", "twoshot", "lamport", "twoshot_wide", "push"};
 static bool is_twoshot(int fam) { return fam == TWOSHOT || fam == WIDE; }
 // The library's family id of a simulated plain family (the launch plan's EAR_FAMILY_*).
 static int32_t plan_family(int fam) {
-  return fam == LAMPORT ? EAR_FAMILY_LAMPORT : is_twoshot(fam) ? EAR_FAMILY_TWOSHOT : EAR_FAMILY_ONESHOT;
+  if (fam == LAMPORT) return EAR_FAMILY_LAMPORT;
+  if (fam == PUSH) return EAR_FAMILY_PUSH;
+  return is_twoshot(fam) ? EAR_FAMILY_TWOSHOT : EAR_FAMILY_ONESHOT;
 }
 static const char* kDtName[] = {"f32", "f16", "bf16"};
 static const int kElemSize[] = {4, 2, 2};
@@ -102,6 +105,7 @@ static const void* kKernels[kFams][3][5] = {
     {EAR_ROW(twoshot_polled, f32), EAR_ROW(twoshot_polled, f16), EAR_ROW(twoshot_polled, bf16)},
     {EAR_ROW(oneshot_lamport, f32), EAR_ROW(oneshot_lamport, f16), EAR_ROW(oneshot_lamport, bf16)},
     {EAR_ROW(twoshot_barrier, f32), EAR_ROW(twoshot_barrier, f16), EAR_ROW(twoshot_barrier, bf16)},
+    {EAR_ROW(push_staged, f32), EAR_ROW(push_staged, f16), EAR_ROW(push_staged, bf16)},
 };
 
 // ---------------------------------------------------------------------------------------

@@ -1,9 +1,9 @@
 // sim_faults.cu: the bounded waits of every kernel family (kernels/wait.cuh) on N simulated
 // ranks on ONE GPU (sim_common.cuh: N zero-filled workspaces and state blocks, a stream per
 // rank, grids capped so all ranks are co-resident), each rank with its own fault word in mapped
-// host memory. For each family (plain one-shot, two-shot polled and paced, Lamport; fused
-// one-shot, two-shot, Lamport; the one-shot and two-shot with inputs read in place) and N in
-// {2, 4}, each case on a fresh group:
+// host memory. For each family (plain one-shot, two-shot polled and paced, Lamport, staged push;
+// fused one-shot, two-shot, Lamport, push; the one-shot and two-shot with inputs read in place)
+// and N in {2, 4}, each case on a fresh group:
 //   skip      every rank but the last launches, with a 50 ms bound: each one ends (no hang)
 //             with a fault recorded (TIMEOUT, or ABORTED where a peer's abort came first; at
 //             least one TIMEOUT) and its outputs all NaN (wait.cuh: a failed call poisons
@@ -27,6 +27,7 @@
 #include "../../../kernels/oneshot_norm.cu"
 #include "../../../kernels/twoshot_norm.cu"
 #include "../../../kernels/lamport_norm.cu"
+#include "../../../kernels/push_norm.cu"
 
 #include <tuple>
 
@@ -36,25 +37,40 @@ namespace {
 // (EAR_CALL_POINTERS | EAR_CALL_INPUT_SHARED: the 4+ rank one-shot's end barrier, the two-shot's
 // reads of peers' inputs; at 2 ranks the kernels copy).
 enum Kind {
-  K_ONESHOT, K_TWOSHOT, K_TWOSHOT_PACED, K_LAMPORT, K_ONESHOT_NORM, K_TWOSHOT_NORM, K_LAMPORT_NORM,
-  K_ONESHOT_IN_PLACE, K_TWOSHOT_IN_PLACE, K_LAST = K_TWOSHOT_IN_PLACE
+  K_ONESHOT, K_TWOSHOT, K_TWOSHOT_PACED, K_LAMPORT, K_PUSH, K_ONESHOT_NORM, K_TWOSHOT_NORM, K_LAMPORT_NORM,
+  K_PUSH_NORM, K_ONESHOT_IN_PLACE, K_TWOSHOT_IN_PLACE, K_LAST = K_TWOSHOT_IN_PLACE
 };
-const char* kKindName[] = {"oneshot",      "twoshot",      "twoshot paced",    "lamport",          "oneshot_norm",
-                           "twoshot_norm", "lamport_norm", "oneshot in place", "twoshot in place"};
+const char* kKindName[] = {"oneshot",      "twoshot",      "twoshot paced", "lamport",   "push",
+                           "oneshot_norm", "twoshot_norm", "lamport_norm",  "push_norm", "oneshot in place",
+                           "twoshot in place"};
 
-const void* kFusedBf16[3][5] = {
-    EAR_ROW(oneshot_barrier_norm, bf16), EAR_ROW(twoshot_barrier_norm, bf16), EAR_ROW(oneshot_lamport_norm, bf16)};
+// The fused kinds, from K_ONESHOT_NORM on: their kernels and the library's family ids.
+const void* kFusedBf16[4][5] = {EAR_ROW(oneshot_barrier_norm, bf16), EAR_ROW(twoshot_barrier_norm, bf16),
+                                EAR_ROW(oneshot_lamport_norm, bf16), EAR_ROW(push_staged_norm, bf16)};
+const int32_t kFusedFamily[4] = {EAR_FAMILY_ONESHOT, EAR_FAMILY_TWOSHOT, EAR_FAMILY_LAMPORT, EAR_FAMILY_PUSH};
 
 constexpr uint64_t kTokens = 4;
 constexpr uint32_t kHidden = 4096;
 
-bool fused(Kind k) { return k >= K_ONESHOT_NORM && k <= K_LAMPORT_NORM; }
+bool fused(Kind k) { return k >= K_ONESHOT_NORM && k <= K_PUSH_NORM; }
+
+// The simulated plain family (sim_common.cuh) of a kind that is not fused.
+int plain_fam(Kind k) {
+  switch (k) {
+    case K_LAMPORT: return LAMPORT;
+    case K_PUSH: return PUSH;
+    case K_ONESHOT:
+    case K_ONESHOT_IN_PLACE: return ONESHOT;
+    default: return TWOSHOT;
+  }
+}
 
 // Elements of one call (bf16).
 uint64_t count_of(Kind k) {
   switch (k) {
     case K_TWOSHOT_PACED: return (9u << 20) / 2;  // 9 MiB: paced by per-chunk flags
     case K_LAMPORT: return 512;
+    case K_PUSH: return (1u << 20) / 2;  // the largest push message: several vectors per thread
     default: return fused(k) ? kTokens * kHidden : 16384;
   }
 }
@@ -136,7 +152,7 @@ struct FaultSim : SimRanks {
     p.timeout_ns = timeout_ns;
     if (k == K_ONESHOT_IN_PLACE || k == K_TWOSHOT_IN_PLACE) p.flags = EAR_CALL_POINTERS | EAR_CALL_INPUT_SHARED;
     if (!fused(k)) {
-      const int fam = k == K_LAMPORT ? LAMPORT : (k == K_ONESHOT || k == K_ONESHOT_IN_PLACE ? ONESHOT : TWOSHOT);
+      const int fam = plain_fam(k);
       const EarPlan plan = ear_plan_of(plan_family(fam), EAR_OP_ALLREDUCE, c, 0, 0, 2, n, grid_cap(), sms);
       launch_kernel(kKernels[fam][BF16][ni], dim3(plan.grid), dim3(plan.block), st[r], false, &p);
       return;
@@ -148,8 +164,9 @@ struct FaultSim : SimRanks {
     f.tokens = kTokens;
     f.hidden = kHidden;
     f.eps = 1e-6f;
-    const int fam = k - K_ONESHOT_NORM;  // 0 one-shot, 1 two-shot, 2 Lamport
-    const EarPlan plan = ear_plan_of(fam, EAR_OP_RESIDUAL_RMSNORM, kTokens * kHidden, kTokens, kHidden, 2, n, grid_cap(), sms);
+    const int fam = k - K_ONESHOT_NORM;
+    const EarPlan plan =
+        ear_plan_of(kFusedFamily[fam], EAR_OP_RESIDUAL_RMSNORM, kTokens * kHidden, kTokens, kHidden, 2, n, grid_cap(), sms);
     launch_kernel(kFusedBf16[fam][ni], dim3(plan.grid), dim3(plan.block), st[r], false, &f);
   }
   // Whether every byte of rank r's outputs (residual_out and normed for the fused kinds) is

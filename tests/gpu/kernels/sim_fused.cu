@@ -26,12 +26,18 @@
 #include "../../../kernels/oneshot_norm.cu"
 #include "../../../kernels/twoshot_norm.cu"
 #include "../../../kernels/lamport_norm.cu"
+#include "../../../kernels/push_norm.cu"
 #include "../../../kernels/rmsnorm.cu"
 
-enum FFam { F_ONESHOT = 0, F_TWOSHOT = 1, F_LAMPORT = 2, F_NORM = 3, P_ONESHOT = 4, P_TWOSHOT = 5,
-            P_LAMPORT = 6 };
-static const char* kFFamName[] = {"oneshot_norm", "twoshot_norm", "lamport_norm",
-                                  "residual_rmsnorm", "oneshot", "twoshot", "lamport"};
+// F_*: the fused kernels (and the norm kernel alone), numbered as the library's family ids; P_*:
+// the plain all-reduce of a family, for the graph test and the timings.
+enum FFam { F_ONESHOT = 0, F_TWOSHOT = 1, F_LAMPORT = 2, F_NORM = 3, F_PUSH = 4, P_ONESHOT = 5,
+            P_TWOSHOT = 6, P_LAMPORT = 7, P_PUSH = 8 };
+static_assert(F_ONESHOT == EAR_FAMILY_ONESHOT && F_TWOSHOT == EAR_FAMILY_TWOSHOT &&
+                  F_LAMPORT == EAR_FAMILY_LAMPORT && F_NORM == EAR_FAMILY_NORM && F_PUSH == EAR_FAMILY_PUSH,
+              "F_* are the library's family ids");
+static const char* kFFamName[] = {"oneshot_norm", "twoshot_norm", "lamport_norm", "residual_rmsnorm", "push_norm",
+                                  "oneshot",      "twoshot",      "lamport",      "push"};
 // residual_out: relative to the sum of |terms|; normed: relative to |ref| (floor: T's
 // smallest normal). f16/bf16 are dominated by the final rounding (2^-11, 2^-8 relative).
 static const double kTolRes[] = {1e-5, 2e-3, 1e-2};
@@ -40,11 +46,21 @@ static const double kMinNormal[] = {1.1754943508222875e-38, 6.103515625e-05, 1.1
 constexpr uint32_t kTagRes = 100, kTagBias = 101, kTagGamma = 102;
 
 static bool is_plain(int fam) { return fam >= P_ONESHOT; }
+// The simulated plain family (sim_common.cuh's Fam) of a P_* family.
+static int plain_fam(int fam) {
+  static const int fams[] = {ONESHOT, TWOSHOT, LAMPORT, PUSH};
+  return fams[fam - P_ONESHOT];
+}
+// The P_* family of a fused one.
+static int plain_of(int fam) { return fam == F_PUSH ? P_PUSH : P_ONESHOT + fam; }
 
-static const void* kFused[3][3][5] = {
+// Indexed by F_*; row F_NORM is empty (kNormKernels).
+static const void* kFused[F_PUSH + 1][3][5] = {
     {EAR_ROW(oneshot_barrier_norm, f32), EAR_ROW(oneshot_barrier_norm, f16), EAR_ROW(oneshot_barrier_norm, bf16)},
     {EAR_ROW(twoshot_barrier_norm, f32), EAR_ROW(twoshot_barrier_norm, f16), EAR_ROW(twoshot_barrier_norm, bf16)},
     {EAR_ROW(oneshot_lamport_norm, f32), EAR_ROW(oneshot_lamport_norm, f16), EAR_ROW(oneshot_lamport_norm, bf16)},
+    {},
+    {EAR_ROW(push_staged_norm, f32), EAR_ROW(push_staged_norm, f16), EAR_ROW(push_staged_norm, bf16)},
 };
 static const void* kNormKernels[3] = {(const void*)ear_residual_rmsnorm_f32,
                                       (const void*)ear_residual_rmsnorm_f16,
@@ -58,11 +74,14 @@ __global__ void __launch_bounds__(EAR_FUSED_MAX_THREADS, 1)
   if constexpr (FAM == F_ONESHOT) ear::oneshot_norm_body<T, N>(p);
   if constexpr (FAM == F_TWOSHOT) ear::twoshot_norm_body<T, N>(p);
   if constexpr (FAM == F_LAMPORT) ear::lamport_norm_body<T, N>(p);
+  if constexpr (FAM == F_PUSH) ear::push_norm_body<T, N>(p);
 }
-static const void* kSimFused[3][3][5] = {
+static const void* kSimFused[F_PUSH + 1][3][5] = {
     SIM_TABLE_ROW(sim_fused_all, F_ONESHOT),
     SIM_TABLE_ROW(sim_fused_all, F_TWOSHOT),
     SIM_TABLE_ROW(sim_fused_all, F_LAMPORT),
+    {},
+    SIM_TABLE_ROW(sim_fused_all, F_PUSH),
 };
 
 // ---------------------------------------------------------------------------------------
@@ -306,17 +325,20 @@ struct FSim : SimRanks {
       case F_ONESHOT: return EAR_FUSED_ONESHOT_FITS(tokens, hidden, es, ws_max);
       case F_TWOSHOT: return EAR_FUSED_TWOSHOT_FITS(tokens, hidden, es, ws_max, (uint64_t)n);
       case F_LAMPORT: return EAR_FUSED_LAMPORT_FITS(tokens, hidden, es, ws_max);
+      case F_PUSH: return EAR_FUSED_PUSH_FITS(tokens, hidden, es, ws_max);
       case F_NORM: return true;
       case P_LAMPORT: return tokens * hidden * es <= EAR_LAMPORT_MAX_MSG(ws_max);
+      case P_PUSH: return tokens * hidden * es <= EAR_PUSH_MAX_MSG(ws_max);
       default: return tokens * hidden * es <= ws_max;
     }
   }
-  // The library's launch plan of a call (ear_plan_of): F_* and P_* - P_ONESHOT are the library's
-  // family ids (F_NORM its norm kernel alone).
+  // The library's launch plan of a call (ear_plan_of): F_* are the library's family ids (F_NORM
+  // its norm kernel alone).
   EarPlan plan(const Call& c) const {
     const uint32_t es = kElemSize[c.dt];
     const uint64_t count = c.tokens * c.hidden;
-    if (is_plain(c.fam)) return ear_plan_of(c.fam - P_ONESHOT, EAR_OP_ALLREDUCE, count, 0, 0, es, n, grid_cap(), sms);
+    if (is_plain(c.fam))
+      return ear_plan_of(plan_family(plain_fam(c.fam)), EAR_OP_ALLREDUCE, count, 0, 0, es, n, grid_cap(), sms);
     return ear_plan_of(c.fam, EAR_OP_RESIDUAL_RMSNORM, count, c.tokens, c.hidden, es, n, grid_cap(), sms);
   }
   int grid_rule(const Call& c) const { return static_cast<int>(plan(c).grid); }
@@ -350,7 +372,7 @@ struct FSim : SimRanks {
   void launch_rank(const Call& c, int r, cudaStream_t s) {
     EarFusedParams p = params(c, r);
     const void* k = c.fam == F_NORM      ? kNormKernels[c.dt]
-                    : is_plain(c.fam)    ? kKernels[c.fam - P_ONESHOT][c.dt][n_index(n)]
+                    : is_plain(c.fam)    ? kKernels[plain_fam(c.fam)][c.dt][n_index(n)]
                                          : kFused[c.fam][c.dt][n_index(n)];
     launch_kernel(k, dim3(c.grid), dim3(block_rule(c)), s, c.pdl,
                   is_plain(c.fam) ? static_cast<void*>(&p.ar) : static_cast<void*>(&p));
@@ -571,6 +593,11 @@ static void graph_test(FSim& s, int dt, int replays) {
       {F_TWOSHOT, dt, 5, 4096, false, true, false, 1, 0, 1e-5f, -1},
       {F_ONESHOT, dt, 1, 256, true, false, true, 0, 0, 1e-5f, -1},
       {P_LAMPORT, dt, 1, static_cast<uint32_t>(300000 / es), false, false, false, 0, 0, 0, -1},
+      {F_PUSH, dt, 8, 4096, true, false, true, 0, 0, 1e-5f, -1},
+      {P_PUSH, dt, 1, 20001, false, true, true, 0, 0, 0, -1},
+      {F_PUSH, dt, 3, 1001, false, true, false, 2, 0, 1e-6f, -1},
+      {P_ONESHOT, dt, 1, 999, false, false, true, 0, 0, 0, -1},
+      {F_PUSH, dt, 64, 2048, false, false, true, 0, 0, 1e-5f, -1},
   };
   uint64_t used = 0;
   for (auto& c : calls) {
@@ -676,7 +703,7 @@ static void time_case(FSim& s, int fam, int dt, uint64_t tokens, uint32_t hidden
   g_case = name;
   Call fused{fam, dt, tokens, hidden, true, false, true, 0, 0, 1e-5f, -1};
   fused.grid = s.grid_rule(fused);
-  Call plain{P_ONESHOT + fam, dt, tokens, hidden, false, false, true, 0, 0, 0, -1};
+  Call plain{plain_of(fam), dt, tokens, hidden, false, false, true, 0, 0, 0, -1};
   plain.grid = s.grid_rule(plain);
   Call norm{F_NORM, dt, tokens, hidden, true, false, true, 0, 0, 1e-5f, -1};
   norm.grid = s.grid_rule(norm);
@@ -684,7 +711,7 @@ static void time_case(FSim& s, int fam, int dt, uint64_t tokens, uint32_t hidden
   const float b = time_calls(s, {plain, norm});
   std::printf("TIME %-13s %-4s n%-2d %4llu x %-5u  fused %7.2f us   %s + residual_rmsnorm %7.2f us  (graph replay median, %d ranks on one GPU)\n",
               kFFamName[fam], kDtName[dt], s.n, (unsigned long long)tokens, hidden, a,
-              kFFamName[P_ONESHOT + fam], b, s.n);
+              kFFamName[plain_of(fam)], b, s.n);
   std::fflush(stdout);
 }
 
@@ -725,7 +752,7 @@ int main(int argc, char** argv) {
           if (reduced && hidden != 4096 && hidden != 1001 && hidden != 16384) continue;
           if (dt == F32 && hidden != 1000 && hidden != 4096 && hidden != 7 && hidden != 20480) continue;
           const bool small = tokens * hidden <= 128u * 4096u;
-          for (int fam = 0; fam < 4; ++fam) {
+          for (int fam = 0; fam <= F_PUSH; ++fam) {
             if (fam == F_NORM && n != ns[0]) continue;  // rank-less: once
             if (!s.fits(fam, dt, tokens, hidden)) continue;
             const int variants = small ? 4 : 1;
@@ -747,7 +774,7 @@ int main(int argc, char** argv) {
     }
     // -0.0 / NaN / Inf in x, residual (and +-0 in everything).
     for (int dt : {BF16, F16})
-      for (int fam = 0; fam < 4; ++fam) {
+      for (int fam = 0; fam <= F_PUSH; ++fam) {
         if (fam == F_NORM && n != ns[0]) continue;
         const std::vector<std::pair<uint64_t, uint32_t>> shapes = {{16, 4096}, {3, 1001}, {1, 20480}};
         for (const auto& th : shapes) {
@@ -766,7 +793,7 @@ int main(int argc, char** argv) {
     }
     s.check_twoshot_areas();
     if (timing && !quick && !one_launch && !reduced) {
-      for (int fam = 0; fam < 3; ++fam)
+      for (int fam : {F_ONESHOT, F_TWOSHOT, F_LAMPORT, F_PUSH})
         for (uint32_t hidden : {4096u, 8192u})
           for (uint64_t tokens : {1u, 8u, 32u, 128u}) time_case(s, fam, BF16, tokens, hidden);
     }

@@ -30,12 +30,14 @@ __global__ void __launch_bounds__(EAR_BLOCK_THREADS, 1)
   if constexpr (FAM == TWOSHOT) ear::twoshot_body<T, N>(p);
   if constexpr (FAM == LAMPORT) ear::lamport_body<T, N>(p);
   if constexpr (FAM == WIDE) ear::twoshot_wide_body<T, N>(p);
+  if constexpr (FAM == PUSH) ear::push_body<T, N>(p);
 }
 static const void* kSimKernels[kFams][3][5] = {
     SIM_TABLE_ROW(sim_all_ranks, ONESHOT),
     SIM_TABLE_ROW(sim_all_ranks, TWOSHOT),
     SIM_TABLE_ROW(sim_all_ranks, LAMPORT),
     SIM_TABLE_ROW(sim_all_ranks, WIDE),
+    SIM_TABLE_ROW(sim_all_ranks, PUSH),
 };
 
 struct CheckResult {
@@ -127,7 +129,7 @@ struct Sim : SimRanks {
     destroy_ranks();
   }
   uint64_t max_msg(int fam) const {
-    return fam == LAMPORT ? EAR_LAMPORT_MAX_MSG(ws_max) : ws_max;
+    return fam == LAMPORT ? EAR_LAMPORT_MAX_MSG(ws_max) : fam == PUSH ? EAR_PUSH_MAX_MSG(ws_max) : ws_max;
   }
   // The library's launch plan of a call (ear_plan_of, the rule the library launches by).
   EarPlan plan(int fam, int dt, uint64_t count) const {
@@ -286,12 +288,15 @@ static void graph_test(Sim& s, int dt, int replays) {
   const uint64_t big = std::min<uint64_t>((1u << 20) + 3, s.ws_max / kElemSize[dt]);
   const uint64_t mid = std::min<uint64_t>(65536 + 7, EAR_LAMPORT_MAX_MSG(s.ws_max) / kElemSize[dt]);
   const uint64_t half = std::min<uint64_t>((1u << 19) + 5, s.ws_max / kElemSize[dt]);
+  const uint64_t push_max = EAR_PUSH_MAX_MSG(s.ws_max) / kElemSize[dt];
   std::vector<GCall> calls = {
       {LAMPORT, 4097, 0, false, false}, {TWOSHOT, big, 0, true, false},
-      {ONESHOT, 1000, 1, true, true},   {WIDE, half, 0, true, false},
-      {LAMPORT, mid, 0, true, false},   {ONESHOT, big, 0, false, false},
+      {ONESHOT, 1000, 1, true, true},   {PUSH, push_max, 0, true, false},
+      {WIDE, half, 0, true, false},     {LAMPORT, mid, 0, true, false},
+      {PUSH, 4097, 3, true, true},      {ONESHOT, big, 0, false, false},
       {WIDE, 1000, 3, false, true},     {TWOSHOT, 7, 1, true, true},
-      {WIDE, 7, 1, true, true},         {LAMPORT, 1, 1, true, true},
+      {PUSH, 7, 1, false, false},       {WIDE, 7, 1, true, true},
+      {LAMPORT, 1, 1, true, true},
   };
   // Each call gets its own slice of the in/out buffers so all results survive the replay.
   std::vector<uint64_t> off(calls.size());
