@@ -87,7 +87,6 @@ pub const EAR_FAMILY_NORM: i32 = 3;
 /// never read, one outbound and one inbound peer per pass (N-1 passes), for PCIe, where peer
 /// writes are the fast and safe direction; messages up to `EAR_PUSH_MAX_MSG`. After
 /// `EAR_FAMILY_NORM`, which keeps its id.
-#[allow(dead_code)] // the plan rule and layout.c read it; the host's family table is not wired yet
 pub const EAR_FAMILY_PUSH: i32 = 4;
 
 /// `EarPlan::op`: the sum alone, or the fused residual (+ bias) + RMSNorm after it.

@@ -296,17 +296,18 @@ mod tests {
         }
         assert_eq!(Case::parse(" OneShot "), Some(Case::Custom(Family::OneShot)));
         assert_eq!(Case::parse("fast"), None);
-        assert_eq!(
-            Case::defaults(Mode::Sim, false).iter().map(|c| c.name()).collect::<Vec<_>>(),
-            ["oneshot", "twoshot", "lamport", "auto"]
-        );
-        assert_eq!(Case::defaults(Mode::Real, false).len(), 6);
+        // One row per family (Family::ALL's order), then AUTO's.
+        let families = |prefix: &str| Family::ALL.iter().map(|f| format!("{prefix}{}", f.name())).collect::<Vec<_>>();
+        let names = |cases: Vec<Case>| cases.iter().map(|c| c.name().to_owned()).collect::<Vec<_>>();
+        assert_eq!(names(Case::defaults(Mode::Sim, false)), [families(""), vec!["auto".into()]].concat());
+        assert_eq!(Case::defaults(Mode::Real, false).len(), Family::ALL.len() + 3);
         assert!(Case::Auto.is_meta() && Case::Plugin.is_meta() && !Case::Nccl.is_meta());
         assert_eq!(
-            Case::defaults(Mode::Sim, true).iter().map(|c| c.name()).collect::<Vec<_>>(),
-            ["fused_oneshot", "fused_twoshot", "fused_lamport", "fused_auto", "ar_then_norm"]
+            names(Case::defaults(Mode::Sim, true)),
+            [families("fused_"), vec!["fused_auto".into(), "ar_then_norm".into()]].concat()
         );
-        assert_eq!(Case::defaults(Mode::Real, true).len(), 7);
+        assert_eq!(Case::defaults(Mode::Real, true).len(), Family::ALL.len() + 4);
+        assert_eq!(Case::Fused(Family::Push).name(), "fused_push", "made once, the same every time");
         assert!(Case::FusedAuto.is_meta() && Case::PluginFused.is_meta() && Case::ArThenNorm.is_baseline());
         assert!(Case::ArThenNorm.shows_path() && !Case::Fused(Family::Lamport).shows_path());
         assert!(is_fused_name("nccl_then_norm") && !is_fused_name("nccl") && !is_fused_name("floor"));
