@@ -19,7 +19,7 @@ mkdir -p "$out"
 cuda_root=$(cd "$(dirname "$nvcc")/.." && pwd)
 libs=()
 for d in "$cuda_root/lib64" "$cuda_root/lib"; do [ -d "$d" ] && libs+=("-L$d"); done
-"$nvcc" -O3 -std=c++17 -arch="${SIM_ARCH:-sm_90}" -lineinfo -Werror all-warnings "${libs[@]}" \
+"$nvcc" -O3 -std=c++17 -arch="${SIM_ARCH:-sm_90}" -lineinfo -Werror all-warnings -Xcompiler -Werror=switch "${libs[@]}" \
   "$here/$name.cu" -o "$out/$name"
 [ "${SIM_BUILD_ONLY:-0}" = 1 ] && exit 0
 

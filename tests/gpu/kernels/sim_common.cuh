@@ -18,11 +18,10 @@
 
 #include <cuda_runtime.h>
 
-#include "../../../kernels/lamport.cu"
-#include "../../../kernels/oneshot.cu"
-#include "../../../kernels/push.cu"
-#include "../../../kernels/twoshot.cu"
-#include "../../../kernels/twoshot_wide.cu"
+// Every family's kernels and rules as the library describes them (kernels/ear_families.h, which
+// its tests generate from src/launch/family.rs).
+#define EAR_INCLUDE_FAMILY_SOURCES
+#include "../../../kernels/ear_families.h"
 
 // ---------------------------------------------------------------------------------------
 // Plumbing
@@ -71,6 +70,37 @@ static int32_t plan_family(int fam) {
   if (fam == PUSH) return EAR_FAMILY_PUSH;
   return is_twoshot(fam) ? EAR_FAMILY_TWOSHOT : EAR_FAMILY_ONESHOT;
 }
+// Every family of the library is simulated: one the library adds fails this build until the
+// simulations have it (Fam here, sim_fused.cu's FFam, sim_faults.cu's Kind).
+#define EAR_SIM_COUNT_(...) +1
+static_assert(0 EAR_FOR_EACH_FAMILY(EAR_SIM_COUNT_) == 4, "a family the simulations do not have yet");
+#undef EAR_SIM_COUNT_
+
+// The launch rules of the library's family `id` (EAR_FAMILY_*), from its description.
+static EarRule sim_rule(int32_t id) {
+#define EAR_SIM_RULE_(name, fid, plain2, plainwide, fused, grid, fgrid, cap, fit, flags, ...) \
+  if (id == fid) return EarRule{grid, fgrid, cap, fit, flags};
+  EAR_FOR_EACH_FAMILY(EAR_SIM_RULE_)
+#undef EAR_SIM_RULE_
+  std::printf("no family %d in kernels/ear_families.h\n", id);
+  std::_Exit(2);
+}
+
+// What a rank knows of a plain call besides its size (the library's EarCallFacts).
+static EarCallFacts sim_facts(bool exchanges_pointers, bool in_place, bool input_reachable) {
+  EarCallFacts f = {};
+  f.exchanges_pointers = exchanges_pointers;
+  f.in_place = in_place;
+  f.input_reachable = input_reachable;
+  return f;
+}
+
+// The library's plan of one call of family `id` (grid, block and flags: ear_plan_of on its rule).
+static EarPlan sim_plan(int32_t id, int32_t op, uint64_t count, uint64_t tokens, uint32_t hidden, uint32_t elem,
+                        int32_t nranks, uint32_t max_blocks, EarCallFacts facts = EarCallFacts{}) {
+  return ear_plan_of(sim_rule(id), id, op, count, tokens, hidden, elem, nranks, max_blocks, facts);
+}
+
 static const char* kDtName[] = {"f32", "f16", "bf16"};
 static const int kElemSize[] = {4, 2, 2};
 

@@ -24,10 +24,6 @@
 // Prints one line per case and "N passed, M failed"; exit code 0 only if all passed.
 #include "sim_common.cuh"
 
-#include "../../../kernels/oneshot_norm.cu"
-#include "../../../kernels/twoshot_norm.cu"
-#include "../../../kernels/lamport_norm.cu"
-#include "../../../kernels/push_norm.cu"
 
 #include <tuple>
 
@@ -150,10 +146,13 @@ struct FaultSim : SimRanks {
     p.nranks = n;
     bound_waits(p, r);
     p.timeout_ns = timeout_ns;
-    if (k == K_ONESHOT_IN_PLACE || k == K_TWOSHOT_IN_PLACE) p.flags = EAR_CALL_POINTERS | EAR_CALL_INPUT_SHARED;
     if (!fused(k)) {
       const int fam = plain_fam(k);
-      const EarPlan plan = ear_plan_of(plan_family(fam), EAR_OP_ALLREDUCE, c, 0, 0, 2, n, grid_cap(), sms);
+      // The inputs read in place: the pointer exchange, every input reachable (one device).
+      const bool shares = k == K_ONESHOT_IN_PLACE || k == K_TWOSHOT_IN_PLACE;
+      const EarPlan plan = sim_plan(plan_family(fam), EAR_OP_ALLREDUCE, c, 0, 0, 2, n, grid_cap(),
+                                    sim_facts(shares, p.input == p.output, shares));
+      p.flags = plan.flags;
       launch_kernel(kKernels[fam][BF16][ni], dim3(plan.grid), dim3(plan.block), st[r], false, &p);
       return;
     }
@@ -166,7 +165,7 @@ struct FaultSim : SimRanks {
     f.eps = 1e-6f;
     const int fam = k - K_ONESHOT_NORM;
     const EarPlan plan =
-        ear_plan_of(kFusedFamily[fam], EAR_OP_RESIDUAL_RMSNORM, kTokens * kHidden, kTokens, kHidden, 2, n, grid_cap(), sms);
+        sim_plan(kFusedFamily[fam], EAR_OP_RESIDUAL_RMSNORM, kTokens * kHidden, kTokens, kHidden, 2, n, grid_cap());
     launch_kernel(kFusedBf16[fam][ni], dim3(plan.grid), dim3(plan.block), st[r], false, &f);
   }
   // Whether every byte of rank r's outputs (residual_out and normed for the fused kinds) is

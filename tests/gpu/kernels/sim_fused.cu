@@ -23,10 +23,6 @@
 // Prints one line per case and "N passed, M failed"; exit code 0 only if all passed.
 #include "sim_common.cuh"
 
-#include "../../../kernels/oneshot_norm.cu"
-#include "../../../kernels/twoshot_norm.cu"
-#include "../../../kernels/lamport_norm.cu"
-#include "../../../kernels/push_norm.cu"
 #include "../../../kernels/rmsnorm.cu"
 
 // F_*: the fused kernels (and the norm kernel alone), numbered as the library's family ids; P_*:
@@ -332,14 +328,15 @@ struct FSim : SimRanks {
       default: return tokens * hidden * es <= ws_max;
     }
   }
-  // The library's launch plan of a call (ear_plan_of): F_* are the library's family ids (F_NORM
-  // its norm kernel alone).
+  // The library's launch plan of a call (ear_plan_of on the family's rule; the norm kernel's
+  // alone for F_NORM): F_* are the library's family ids.
   EarPlan plan(const Call& c) const {
     const uint32_t es = kElemSize[c.dt];
     const uint64_t count = c.tokens * c.hidden;
+    if (c.fam == F_NORM) return ear_norm_plan_of(c.tokens, c.hidden, es, sms);
     if (is_plain(c.fam))
-      return ear_plan_of(plan_family(plain_fam(c.fam)), EAR_OP_ALLREDUCE, count, 0, 0, es, n, grid_cap(), sms);
-    return ear_plan_of(c.fam, EAR_OP_RESIDUAL_RMSNORM, count, c.tokens, c.hidden, es, n, grid_cap(), sms);
+      return sim_plan(plan_family(plain_fam(c.fam)), EAR_OP_ALLREDUCE, count, 0, 0, es, n, grid_cap());
+    return sim_plan(c.fam, EAR_OP_RESIDUAL_RMSNORM, count, c.tokens, c.hidden, es, n, grid_cap());
   }
   int grid_rule(const Call& c) const { return static_cast<int>(plan(c).grid); }
   int block_rule(const Call& c) const { return static_cast<int>(plan(c).block); }

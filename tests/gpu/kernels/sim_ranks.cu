@@ -131,15 +131,18 @@ struct Sim : SimRanks {
   uint64_t max_msg(int fam) const {
     return fam == LAMPORT ? EAR_LAMPORT_MAX_MSG(ws_max) : fam == PUSH ? EAR_PUSH_MAX_MSG(ws_max) : ws_max;
   }
-  // The library's launch plan of a call (ear_plan_of, the rule the library launches by).
-  EarPlan plan(int fam, int dt, uint64_t count) const {
-    return ear_plan_of(plan_family(fam), EAR_OP_ALLREDUCE, count, 0, 0, kElemSize[dt], n, grid_cap(), sms);
+  // The library's launch plan of rank r's call (ear_plan_of on the family's rule, flags
+  // included: the pointer exchange where the simulation turns it on, the input shared where it
+  // says rank r's is reachable).
+  EarPlan plan(int fam, int dt, uint64_t count, int r = 0, bool in_place = false) const {
+    const EarCallFacts facts = sim_facts(pointers, in_place, (shared_inputs >> r) & 1u);
+    return sim_plan(plan_family(fam), EAR_OP_ALLREDUCE, count, 0, 0, kElemSize[dt], n, grid_cap(), facts);
   }
   int grid_rule(int fam, int dt, uint64_t count) const { return static_cast<int>(plan(fam, dt, count).grid); }
   // The block of a call: Lamport's depends on the size (any grid works with it).
   int block_rule(int fam, int dt, uint64_t count) const { return static_cast<int>(plan(fam, dt, count).block); }
 
-  EarAllReduceParams params(int r, const void* input, void* output, uint64_t count) const {
+  EarAllReduceParams params(int fam, int dt, int r, const void* input, void* output, uint64_t count) const {
     EarAllReduceParams p;
     std::memset(&p, 0, sizeof(p));
     for (int q = 0; q < n; ++q) p.peer_ws[q] = ws[q];
@@ -150,7 +153,7 @@ struct Sim : SimRanks {
     p.ws_max_bytes = ws_max;
     p.rank = r;
     p.nranks = n;
-    p.flags = !pointers ? 0u : (shared_inputs >> r) & 1u ? EAR_CALL_POINTERS | EAR_CALL_INPUT_SHARED : EAR_CALL_POINTERS;
+    p.flags = plan(fam, dt, count, r, input == output).flags;
     bound_waits(p, r);
     return p;
   }
@@ -168,14 +171,14 @@ struct Sim : SimRanks {
   };
   const EarAllReduceParams* upload(const Call& c) {
     std::vector<EarAllReduceParams> ps(n);
-    for (int r = 0; r < n; ++r) ps[r] = params(r, c.inplace ? out[r] : in[r], out[r], c.count);
+    for (int r = 0; r < n; ++r) ps[r] = params(c.fam, c.dt, r, c.inplace ? out[r] : in[r], out[r], c.count);
     EarAllReduceParams* slot = dparams + static_cast<size_t>(pool_next) * EAR_MAX_RANKS;
     pool_next = (pool_next + 1) % pool_slots;
     CK(cudaMemcpy(slot, ps.data(), sizeof(EarAllReduceParams) * n, cudaMemcpyHostToDevice));
     return slot;
   }
   void launch_rank(const Call& c, int r, cudaStream_t s) {
-    EarAllReduceParams p = params(r, c.inplace ? out[r] : in[r], out[r], c.count);
+    EarAllReduceParams p = params(c.fam, c.dt, r, c.inplace ? out[r] : in[r], out[r], c.count);
     launch_kernel(kKernels[c.fam][c.dt][n_index(n)], dim3(c.grid), dim3(block_rule(c.fam, c.dt, c.count)), s,
                   c.pdl, &p);
   }
