@@ -12,7 +12,7 @@ use crate::launch::family::{self, Family, Op};
 use crate::launch::kernels::DeviceKernels;
 use crate::launch::launcher::Launch;
 use crate::launch::plan::{self, Facts};
-use crate::launch::strategy::{Call, Decision, Requested};
+use crate::launch::strategy::{self, Call, Decision, Requested};
 use crate::launch::{Fits, FusedCall, Message};
 use crate::link::LinkClass;
 use crate::nccl::{self, Registration};
@@ -292,7 +292,31 @@ impl Group {
         let tensors = Tensors::Sum { input, output, count: count as u64 };
         let message = Message { bytes: count as u64 * dtype.size() as u64, rows: None };
         // SAFETY: the caller's contract.
-        unsafe { self.launch_message(rank, family, dtype, &message, &tensors, stream) }
+        unsafe { self.launch_message(rank, family, dtype, &message, &tensors, stream, None) }
+    }
+
+    /// [`Group::launch`] with at most `ctas` CTAs (within the group's cap) instead of the
+    /// family's cap on the group's links: `edgellm-allreduce-bench tune` measures grids. Every
+    /// rank must launch the call with the same `ctas`.
+    ///
+    /// # Safety
+    /// As [`Group::launch`].
+    #[allow(clippy::too_many_arguments)] // one call's operands and its grid
+    pub unsafe fn launch_with_ctas(
+        &self,
+        rank: i32,
+        family: Family,
+        dtype: DataType,
+        input: DevicePtr,
+        output: DevicePtr,
+        count: usize,
+        stream: Stream,
+        ctas: u32,
+    ) -> Result<()> {
+        let tensors = Tensors::Sum { input, output, count: count as u64 };
+        let message = Message { bytes: count as u64 * dtype.size() as u64, rows: None };
+        // SAFETY: the caller's contract.
+        unsafe { self.launch_message(rank, family, dtype, &message, &tensors, stream, Some(ctas)) }
     }
 
     /// Enqueues rank `rank`'s part of one fused all-reduce + residual + RMSNorm.
@@ -313,14 +337,16 @@ impl Group {
             rows: Some((call.tokens, call.hidden)),
         };
         // SAFETY: the caller's contract.
-        unsafe { self.launch_message(rank, family, dtype, &message, &tensors, stream) }
+        unsafe { self.launch_message(rank, family, dtype, &message, &tensors, stream, None) }
     }
 
     /// [`Group::launch`] and [`Group::launch_fused`]: `family`'s kernel for `message` on
-    /// `tensors`, planned by the library's rule.
+    /// `tensors`, planned by the library's rule, with at most `ctas` CTAs (None: the family's cap
+    /// on the group's links, as AUTO runs it).
     ///
     /// # Safety
     /// As [`Group::launch`].
+    #[allow(clippy::too_many_arguments)] // one call's operands and its grid
     unsafe fn launch_message(
         &self,
         rank: i32,
@@ -329,9 +355,13 @@ impl Group {
         message: &Message,
         tensors: &Tensors,
         stream: Stream,
+        ctas: Option<u32>,
     ) -> Result<()> {
         let device = self.member(rank)?.device;
-        let p = plan::kernel(family, dtype, message, self.nranks, self.max_blocks, self.call_facts(device, tensors));
+        let tuned = crate::launch::tuning::active();
+        let cap = ctas.or_else(|| strategy::grid_cap(self.link_class(), family, self.nranks, tuned));
+        let max_blocks = cap.map_or(self.max_blocks, |c| c.min(self.max_blocks));
+        let p = plan::kernel(family, dtype, message, self.nranks, max_blocks, self.call_facts(device, tensors));
         let launch = self.launch_of(rank, family, dtype, &p)?;
         // SAFETY: the caller's contract.
         unsafe { self.run(rank, &launch, &p, tensors, stream) }
