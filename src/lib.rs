@@ -12,13 +12,13 @@
 //! | `group` | devices and groups: the per-device record ([`group::device`]), which devices form a group and the multi-process exchange, the peer self-test a group passes before its kernels are trusted, a group's memory, faults, reclaimed memory; `Group::plan` and `Group::run` |
 //! | `launch` | what a launch is: the families and their rules, the launch plan, the embedded kernels, AUTO's tables per link class and the tuning file (`launch::tuning`), the link probe's launches (`launch::probe`) |
 //! | `link` | what carries the bytes between two ranks (same device, NVLink, PCIe, none), from the driver's P2P attributes |
-//! | `contract`, `loader`, `cuda`, `nccl`, `config`, `tensor`, `error`, `log` | leaves: the host ↔ kernel contract (cbindgen writes `kernels/ear_contract.h` from it), what the dynamic loader knows, the driver, NCCL, every environment knob, tensor types, errors, logging (to a sink installed at start-up) |
+//! | `contract`, `loader`, `cuda`, `nccl`, `nvml`, `config`, `fingerprint`, `tensor`, `error`, `log` | leaves: the host ↔ kernel contract (cbindgen writes `ear_contract.h` from it), what the dynamic loader knows, the driver (no contexts kept), NCCL, NVML's P2P status, every environment knob, the machine's fingerprint, tensor types, errors, logging (to a sink installed at start-up) |
 //!
 //! One enqueue, in five files: `cpp/allReducePlugin.cpp` (`AllReducePlugin::enqueue`) →
 //! `plugin/mod.rs` (`PluginCore::enqueue`: checks the tensors, asks the device's group) →
-//! `group/run.rs` (`Group::plan`: strategy, stream and fault checks, one [`launch::Plan`];
-//! `Group::run`) → `launch/plan.rs` (family, kernel, grid, block, flags: one C rule shared with
-//! the kernel simulations) → `cuda/mod.rs` (`cuLaunchKernelEx`).
+//! `group/run.rs` (gathers the call's facts: group, stream claim, fault word; executes) →
+//! `launch/plan.rs` (pure: path, family, kernel, grid, block, flags, from one C rule shared with
+//! the kernel simulations) → `launch/launcher.rs` (`cuLaunchKernelEx`).
 //!
 //! The Rust API below (re-exported from those rooms) is what the benchmark and the GPU tests
 //! use; everything else is private to the crate.
