@@ -335,8 +335,10 @@ fn a_kernel_running_past_the_hosts_deadline_is_reported_and_its_group_retired() 
 
 /// Run under compute-sanitizer (memcheck, racecheck) by tools/gpu/contract_check.sh: the sanitizer
 /// serializes kernels, so a rank whose peer runs after it cannot see it (its write and read of
-/// that peer time out); the test accepts that and only asks that every kernel ends and reports.
-/// The sanitizer's exit code says whether any kernel touched memory it does not own.
+/// that peer time out), and it slows every store a thousandfold (the bandwidth check finds the
+/// link slow: 0.2 GB/s under racecheck on an H100); the test accepts both and only asks that
+/// every kernel ends and reports. The sanitizer's exit code says whether any kernel, the
+/// bandwidth check's included, touched memory it does not own.
 #[test]
 #[ignore = "needs a GPU: run with --ignored on the GPU machine"]
 fn under_a_sanitizer_the_self_test_touches_only_its_memory() {
@@ -350,8 +352,8 @@ fn under_a_sanitizer_the_self_test_touches_only_its_memory() {
             Ok(()) => println!("{nranks} ranks: passed (kernels ran concurrently)"),
             Err(Error::SelfTest(f)) => {
                 assert!(
-                    matches!(f.kind, SelfTestKind::WriteLost | SelfTestKind::ReadTimedOut),
-                    "only timeouts on later ranks: {f}"
+                    matches!(f.kind, SelfTestKind::WriteLost | SelfTestKind::ReadTimedOut | SelfTestKind::SlowLink),
+                    "only timeouts on later ranks, or a sanitizer's slow stores: {f}"
                 );
                 assert!(!f.kernels_may_still_run(), "{f}");
                 println!("{nranks} ranks: {:?} {} -> {:?} (kernels serialized)", f.kind, f.a, f.b);
