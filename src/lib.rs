@@ -60,9 +60,9 @@ pub use group::{max_message_bytes, Group};
 pub use group::device::install_for_tests;
 #[cfg(feature = "test-hooks")]
 pub use group::selftest::{decide as self_test_decide, RankState, RankVerdict, SelfTestInjection, VERDICT_BYTES};
-pub use launch::family::{Family, RANK_COUNTS};
+pub use launch::family::{Family, Op, RANK_COUNTS};
 pub use launch::kernels::{DeviceKernels, IMAGES as KERNEL_IMAGES};
-pub use launch::strategy::{builtin_tables, AutoTables, FusedChoice, NARROW_ROW};
+pub use launch::strategy::{builtin_grid_cap, builtin_tables, AutoTables, FusedChoice, NARROW_ROW};
 pub use launch::strategy::{choose, Call, Path, Requested};
 /// The tuning file's format: `edgellm-allreduce-bench tune` writes it, AUTO reads it.
 pub mod tuning {

@@ -44,7 +44,14 @@ pub enum Case {
     /// the residual + RMSNorm kernel (what AUTO runs for `FusedChoice::Split`). Measured by
     /// `tune` for every family; not a default row (`ar_then_norm` shows AUTO's).
     Split(Family),
+    /// A family's plain all-reduce with at most this many CTAs (`Group::launch_with_ctas`), or
+    /// [`GROUP_MAX`] the group's own cap: `tune`'s grid sweep, `--strategies lamport@8`. The
+    /// record's `path` says the grid that ran (`lamport@66`). Not in [`Case::all`].
+    Grid(Family, u32),
 }
+
+/// [`Case::Grid`]'s CTAs for "the group's own cap" (`lamport@max`).
+pub const GROUP_MAX: u32 = u32::MAX;
 
 impl Case {
     pub fn name(self) -> &'static str {
@@ -59,11 +66,22 @@ impl Case {
             Case::NcclThenNorm => "nccl_then_norm",
             Case::PluginFused => "plugin_fused",
             Case::Split(f) => family_row_name("split_", f),
+            Case::Grid(f, ctas) => leak(grid_name(f, ctas)),
         }
     }
 
+    /// A row's name, or `<family>@<ctas>` / `<family>@max` ([`Case::Grid`], 1 to 128 CTAs).
     pub fn parse(s: &str) -> Option<Case> {
-        Case::all().into_iter().find(|c| c.name().eq_ignore_ascii_case(s.trim()))
+        let s = s.trim();
+        if let Some((family, ctas)) = s.split_once('@') {
+            let family = Family::ALL.into_iter().find(|f| f.name().eq_ignore_ascii_case(family.trim()))?;
+            let ctas = match ctas.trim() {
+                "max" => GROUP_MAX,
+                n => n.parse().ok().filter(|c| (1..=MAX_CTAS).contains(c))?,
+            };
+            return Some(Case::Grid(family, ctas));
+        }
+        Case::all().into_iter().find(|c| c.name().eq_ignore_ascii_case(s))
     }
 
     /// Every row, in the order of the tables: each family's rows in `Family::ALL`'s order.
@@ -123,15 +141,33 @@ impl Case {
     }
 }
 
-/// `prefix` + the family's name ("fused_push"), made once per row kind and family.
+/// The kernels' largest grid (`EAR_MAX_BLOCKS`): a [`Case::Grid`] asks for 1 to this many CTAs.
+pub const MAX_CTAS: u32 = 128;
+
+/// `prefix` + the family's name ("fused_push").
 fn family_row_name(prefix: &'static str, family: Family) -> &'static str {
-    static NAMES: std::sync::Mutex<Vec<(&str, Family, &str)>> = std::sync::Mutex::new(Vec::new());
-    let mut names = NAMES.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(&(_, _, name)) = names.iter().find(|(p, f, _)| *p == prefix && *f == family) {
-        return name;
+    leak(format!("{prefix}{}", family.name()))
+}
+
+/// `lamport@8`, `lamport@max`: a [`Case::Grid`]'s name, and (with the group's cap in place of
+/// `max`) the path its record says ran.
+pub fn grid_name(family: Family, ctas: u32) -> String {
+    match ctas {
+        GROUP_MAX => format!("{}@max", family.name()),
+        c => format!("{}@{c}", family.name()),
     }
-    let name: &'static str = Box::leak(format!("{prefix}{}", family.name()).into_boxed_str());
-    names.push((prefix, family, name));
+}
+
+/// A row name made at run time, leaked once per distinct name (a few dozen at most: families
+/// times row kinds and grid sizes).
+fn leak(name: String) -> &'static str {
+    static NAMES: std::sync::Mutex<Vec<&'static str>> = std::sync::Mutex::new(Vec::new());
+    let mut names = NAMES.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(&known) = names.iter().find(|n| **n == name) {
+        return known;
+    }
+    let name: &'static str = Box::leak(name.into_boxed_str());
+    names.push(name);
     name
 }
 
@@ -245,6 +281,16 @@ pub fn shapes(dims: &[(u64, u32)], bias: BiasMode) -> Vec<Shape> {
     out
 }
 
+/// The CTAs a [`Case::Grid`] row of `ctas` launches with on a group whose cap is `max_blocks`,
+/// or why it does not run: a cap at or above the group's would measure the `@max` row again.
+pub fn grid_ctas(ctas: u32, max_blocks: u32) -> Result<u32, String> {
+    match ctas {
+        GROUP_MAX => Ok(max_blocks),
+        c if c >= max_blocks => Err(format!("the group takes at most {max_blocks} CTAs (the @max row)")),
+        c => Ok(c),
+    }
+}
+
 /// The plain all-reduce call AUTO decides on (aligned buffers: the benchmark's are).
 pub fn plain_call(tp_size: i32, dtype: DataType, bytes: u64) -> edgellm_allreduce::Call {
     let message = edgellm_allreduce::Message { bytes, rows: None };
@@ -312,6 +358,17 @@ mod tests {
         assert!(Case::ArThenNorm.shows_path() && !Case::Fused(Family::Lamport).shows_path());
         assert!(is_fused_name("nccl_then_norm") && !is_fused_name("nccl") && !is_fused_name("floor"));
         assert!(is_fused_name("split_twoshot") && Case::Split(Family::Lamport).is_baseline());
+        // Grid rows: any family at 1..128 CTAs or the group's cap; plain, candidates, not listed.
+        assert_eq!(Case::parse("Lamport@8"), Some(Case::Grid(Family::Lamport, 8)));
+        assert_eq!(Case::parse("push@max"), Some(Case::Grid(Family::Push, GROUP_MAX)));
+        for bad in ["lamport@0", "lamport@129", "lamport@", "fast@8", "nccl@8"] {
+            assert_eq!(Case::parse(bad), None, "{bad}");
+        }
+        for c in [Case::Grid(Family::OneShot, 16), Case::Grid(Family::TwoShot, GROUP_MAX)] {
+            assert_eq!(Case::parse(c.name()), Some(c));
+            assert!(!c.is_fused() && !c.is_meta() && !c.is_baseline() && c.runs_in(Mode::Sim));
+        }
+        assert!(!Case::all().iter().any(|c| matches!(c, Case::Grid(..))));
     }
 
     #[test]

@@ -120,7 +120,9 @@ pub fn check_all(
 }
 
 /// Enqueues rank `rank`'s part of a custom fused row ([`FusedOp::Fused`] or
-/// [`FusedOp::ArThenNorm`]) on `stream`.
+/// [`FusedOp::ArThenNorm`]) on `stream`; `ctas`: the split op's plain all-reduce takes at most
+/// this many CTAs (`Group::launch_with_ctas`; None: `Group::launch`'s cap). The fused kernels
+/// take the family's cap on the group's links: the library has no fused launch at another grid.
 ///
 /// # Safety
 /// `bufs` on the rank's device, sized for `shape`; `stream` of that device; `kernels` of that
@@ -136,6 +138,7 @@ pub unsafe fn enqueue_custom(
     eps: f32,
     kernels: &DeviceKernels,
     stream: usize,
+    ctas: Option<u32>,
 ) -> Res<()> {
     let call = bufs.call(shape, eps);
     let stream = Stream(stream);
@@ -144,10 +147,12 @@ pub unsafe fn enqueue_custom(
             .launch_fused(rank as i32, f, dtype, &call, stream)
             .map_err(|e| format!("launch_fused of rank {rank}: {e}")),
         FusedOp::ArThenNorm(f) => {
-            let tmp = DevicePtr(bufs.tmp.ptr);
-            group
-                .launch(rank as i32, f, dtype, call.x, tmp, shape.count(), stream)
-                .map_err(|e| format!("launch of rank {rank}: {e}"))?;
+            let (tmp, rank_, count) = (DevicePtr(bufs.tmp.ptr), rank as i32, shape.count());
+            match ctas {
+                Some(c) => group.launch_with_ctas(rank_, f, dtype, call.x, tmp, count, stream, c),
+                None => group.launch(rank_, f, dtype, call.x, tmp, count, stream),
+            }
+            .map_err(|e| format!("launch of rank {rank}: {e}"))?;
             call.launch_norm(kernels, dtype, tmp, stream).map_err(|e| format!("launch_norm of rank {rank}: {e}"))
         }
         FusedOp::NcclThenNorm | FusedOp::Plugin => Err(format!("{op:?} is not a custom op")),

@@ -17,7 +17,8 @@ mod tune;
 
 use case::{BiasMode, Case, Mode, Shape, Suite};
 use clap::{Args, Parser, Subcommand};
-use edgellm_allreduce::DataType;
+use edgellm_allreduce::tuning::GridCap;
+use edgellm_allreduce::{DataType, Family};
 use measure::{Settings, Sink};
 use record::Status;
 use std::path::{Path, PathBuf};
@@ -83,10 +84,11 @@ struct RunArgs {
     /// Explicit message sizes instead of the powers of two from --min-bytes to --max-bytes.
     #[arg(long, value_delimiter = ',', value_parser = stats::parse_bytes)]
     sizes: Vec<u64>,
-    /// Rows: nccl, oneshot, twoshot, lamport, auto, plugin; fused: fused_oneshot,
-    /// fused_twoshot, fused_lamport, fused_auto, ar_then_norm, nccl_then_norm, plugin_fused,
-    /// split_oneshot, split_twoshot, split_lamport [all of the mode's but the split_ rows, for
-    /// the sweeps that run].
+    /// Rows: nccl, oneshot, twoshot, lamport, push, auto, plugin; a family at a grid:
+    /// lamport@8 (at most 8 CTAs), lamport@max (the group's cap); fused: fused_oneshot,
+    /// fused_twoshot, fused_lamport, fused_push, fused_auto, ar_then_norm, nccl_then_norm,
+    /// plugin_fused, split_<family> [all of the mode's but the split_ and @ rows, for the sweeps
+    /// that run].
     #[arg(long, value_delimiter = ',', value_parser = parse_case)]
     strategies: Vec<Case>,
     /// Sweeps: plain (all-reduce over message sizes), fused (all-reduce + residual + RMSNorm
@@ -155,6 +157,10 @@ struct RunArgs {
     /// Seconds without progress after which the run is declared hung (exit 3).
     #[arg(long, default_value_t = 120)]
     timeout: u64,
+    /// The grids of the plain launches of the family, split_ and ar_then_norm rows, per rank
+    /// count and family (tune sets them to the caps it chose); none listed: `Group::launch`'s cap.
+    #[arg(skip)]
+    grids: Vec<GridCap>,
 }
 
 fn parse_case(s: &str) -> Result<Case, String> {
@@ -179,9 +185,17 @@ pub struct Plan {
     pub settings: Settings,
     pub workspace_bytes: Option<u64>,
     pub device: i32,
+    /// Grids of the family and split rows ([`Plan::ctas`]).
+    pub grids: Vec<GridCap>,
 }
 
 impl Plan {
+    /// The most CTAs `family`'s plain launches take on `nranks` ranks when a grid is given for
+    /// them (`Group::launch_with_ctas`); None: `Group::launch`'s own cap.
+    pub fn ctas(&self, nranks: i32, family: Family) -> Option<u32> {
+        self.grids.iter().find(|g| g.nranks == nranks && g.family == family).map(|g| g.ctas)
+    }
+
     /// Every row of one rank count: (dtype, bytes, case, shape label) of the plain sweep, or of
     /// the fused one.
     pub fn rows(&self, fused: bool) -> Vec<(DataType, u64, Case, String)> {
@@ -397,6 +411,7 @@ fn sweep(a: &RunArgs) -> Result<Swept, i32> {
         settings,
         workspace_bytes: a.workspace_bytes,
         device: a.device,
+        grids: a.grids.clone(),
     };
 
     let dtypes = plan.dtypes.iter().map(|d| edgellm_test_support::dtype_name(*d)).collect::<Vec<_>>().join(",");
@@ -431,6 +446,11 @@ fn sweep(a: &RunArgs) -> Result<Swept, i32> {
         settings.batches,
         if settings.eager { "; eager: the same batches with direct launches" } else { "" }
     );
+    if !plan.grids.is_empty() {
+        let grids: Vec<String> =
+            plan.grids.iter().map(|g| format!("{} ranks {}@{}", g.nranks, g.family.name(), g.ctas)).collect();
+        println!("grids: {} (the family rows' plain launches)", grids.join(", "));
+    }
     for var in [
         "EDGELLM_ALLREDUCE_STRATEGY",
         "EDGELLM_ALLREDUCE_MAX_BLOCKS",

@@ -418,6 +418,67 @@ pub fn summary(rows: &[Row], limit: &dyn Fn(Measure) -> Option<f64>) -> String {
     out
 }
 
+/// One row of a probe CSV as read back (`CsvRow`'s columns; others are ignored).
+#[derive(Debug, serde::Deserialize)]
+struct CsvLine {
+    mode: String,
+    initiator: String,
+    target: String,
+    measure: String,
+    bytes: Option<u64>,
+    ctas: Option<u32>,
+    median: f64,
+}
+
+/// The transfer lines a CSV summary names, best figure first: SM and copy-engine writes, reads
+/// and both directions at once.
+const TRANSFERS: [&str; 6] = ["sm_write", "sm_read", "sm_both", "ce_write", "ce_read", "ce_both"];
+
+/// A probe CSV (`probe --csv`) in a few lines, one per link (initiator -> target, in the CSV's
+/// order): each transfer line's best GB/s with its size and CTAs, and the round trips (µs,
+/// the best repeat median). For `tune`'s report.
+pub fn csv_summary(text: &str) -> Result<Vec<String>, String> {
+    let mut reader = csv::Reader::from_reader(text.as_bytes());
+    let rows: Vec<CsvLine> = reader
+        .deserialize()
+        .enumerate()
+        .map(|(i, r)| r.map_err(|e| format!("line {}: {e}", i + 2)))
+        .collect::<Result<_, _>>()?;
+    let mut links: Vec<(&str, &str, &str)> = Vec::new();
+    for r in &rows {
+        let link = (r.mode.as_str(), r.initiator.as_str(), r.target.as_str());
+        if !links.contains(&link) {
+            links.push(link);
+        }
+    }
+    let mut out = Vec::new();
+    for (mode, from, to) in links {
+        let of = |name: &'static str| {
+            rows.iter()
+                .filter(move |r| (r.mode.as_str(), r.initiator.as_str(), r.target.as_str()) == (mode, from, to))
+                .filter(move |r| r.measure == name && r.median.is_finite())
+        };
+        let mut parts = Vec::new();
+        for name in TRANSFERS {
+            if let Some(best) = of(name).max_by(|a, b| a.median.total_cmp(&b.median)) {
+                let at = match (best.bytes, best.ctas) {
+                    (Some(b), Some(c)) => format!(" ({}, {c} CTAs)", fmt_bytes(b)),
+                    (Some(b), None) => format!(" ({})", fmt_bytes(b)),
+                    _ => String::new(),
+                };
+                parts.push(format!("{name} {:.1} GB/s{at}", best.median));
+            }
+        }
+        for name in ["lat_load", "lat_store"] {
+            if let Some(best) = of(name).min_by(|a, b| a.median.total_cmp(&b.median)) {
+                parts.push(format!("{name} {:.2} us", best.median));
+            }
+        }
+        out.push(format!("{from} -> {to} ({mode}): {}", parts.join(", ")));
+    }
+    Ok(out)
+}
+
 /// sysfs's name of a PCI device (`0000:19:00.0`) from the driver's (`0000:19:00.0`,
 /// `00000000:19:00.0`, upper or lower case).
 pub fn sysfs_bus_id(driver: &str) -> Option<String> {
@@ -608,6 +669,28 @@ mod tests {
         assert_eq!(lines[1], "host,gpu0,host,sm_write,16777216,8,52.500,47.250,57.750,GB/s,7");
         assert_eq!(lines[2], "host,gpu0,host,ce_read,16777216,,53.000,47.700,58.300,GB/s,7");
         assert_eq!(lines[3], "host,gpu0,host,lat_load,,,1.250,1.125,1.375,us,7");
+    }
+
+    #[test]
+    fn a_csv_in_a_few_lines() {
+        let text = "mode,initiator,target,measure,bytes,ctas,median,p10,p90,unit,repeats\n\
+            peers,gpu0,gpu1,sm_write,65536,1,20.000,19,21,GB/s,7\n\
+            peers,gpu0,gpu1,sm_write,16777216,8,52.500,50,53,GB/s,7\n\
+            peers,gpu0,gpu1,sm_read,16777216,132,42.800,40,43,GB/s,7\n\
+            peers,gpu0,gpu1,ce_write,16777216,,50.100,49,51,GB/s,7\n\
+            peers,gpu0,gpu1,lat_load,,,1.250,1.1,1.3,us,7\n\
+            peers,gpu0,gpu1,lat_store,,,0.680,0.6,0.7,us,7\n\
+            peers,gpu1,gpu0,sm_write,16777216,8,51.000,50,52,GB/s,7\n";
+        assert_eq!(
+            csv_summary(text).unwrap(),
+            [
+                "gpu0 -> gpu1 (peers): sm_write 52.5 GB/s (16 MiB, 8 CTAs), sm_read 42.8 GB/s (16 MiB, 132 CTAs), \
+                 ce_write 50.1 GB/s (16 MiB), lat_load 1.25 us, lat_store 0.68 us",
+                "gpu1 -> gpu0 (peers): sm_write 51.0 GB/s (16 MiB, 8 CTAs)",
+            ]
+        );
+        assert!(csv_summary("mode,initiator\nhost,gpu0\n").is_err(), "not a probe CSV");
+        assert_eq!(csv_summary("mode,initiator,target,measure,bytes,ctas,median,p10,p90,unit,repeats\n"), Ok(vec![]));
     }
 
     #[test]

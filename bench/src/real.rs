@@ -8,7 +8,7 @@
 //! families, AUTO's pick, AUTO's plain all-reduce then the norm kernel, NCCL then the norm
 //! kernel, and a fused plugin's enqueue.
 
-use crate::case::{fused_call, path_name, plain_call, Case, Shape};
+use crate::case::{fused_call, grid_ctas, grid_name, path_name, plain_call, Case, Shape};
 use crate::fused::{self, FusedBufs, FusedOp};
 use crate::gpu::{self, memset_async, Context, DevBuf, Gate, Res, Timer};
 use crate::measure::{self, Fatal, Gated, Meeting, Member, Runner, Sink, Team};
@@ -28,7 +28,8 @@ use std::sync::{Arc, Mutex, RwLock};
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Launch {
     Nccl,
-    Custom(Family),
+    /// A family, at most this many CTAs (`Group::launch_with_ctas`; None: `Group::launch`'s cap).
+    Custom(Family, Option<u32>),
     Plugin,
 }
 
@@ -61,25 +62,33 @@ impl Shared<'_> {
     }
 
     /// What a row runs at this size (and the path it takes), or why it cannot run.
-    fn plan(&self, case: Case, dtype: DataType, bytes: u64) -> Result<(Launch, &'static str), String> {
+    fn plan(&self, case: Case, dtype: DataType, bytes: u64) -> Result<(Launch, String), String> {
         let nccl = || match &self.comms {
-            Ok(_) => Ok((Launch::Nccl, "nccl")),
+            Ok(_) => Ok((Launch::Nccl, "nccl".to_owned())),
             Err(e) => Err(e.clone()),
         };
         let call = plain_call(self.nranks, dtype, bytes);
+        let custom = |f: Family, ctas: Option<u32>, path: String| match &self.group {
+            Err(e) => Err(e.clone()),
+            Ok(g) if g.serves_bytes(f, dtype, bytes) => Ok((Launch::Custom(f, ctas), path)),
+            Ok(g) => Err(format!(
+                "{} serves up to {} with this workspace",
+                Case::Custom(f).name(),
+                fmt_bytes(f.max_bytes(g.max_bytes))
+            )),
+        };
         match case {
             Case::Nccl => nccl(),
-            Case::Custom(f) => match &self.group {
+            Case::Custom(f) => custom(f, self.plan.ctas(self.nranks, f), case.name().into()),
+            Case::Grid(f, ctas) => match &self.group {
                 Err(e) => Err(e.clone()),
-                Ok(g) if g.serves_bytes(f, dtype, bytes) => Ok((Launch::Custom(f), case.name())),
-                Ok(g) => Err(format!(
-                    "{} serves up to {} with this workspace",
-                    case.name(),
-                    fmt_bytes(f.max_bytes(g.max_bytes))
-                )),
+                Ok(g) => {
+                    let c = grid_ctas(ctas, g.max_blocks)?;
+                    custom(f, Some(c), grid_name(f, c))
+                }
             },
             Case::Auto => match ear::choose(Requested::Auto, &call, self.capability()).path {
-                Path::Custom(f) => Ok((Launch::Custom(f), Case::Custom(f).name())),
+                Path::Custom(f) => Ok((Launch::Custom(f, None), Case::Custom(f).name().into())),
                 _ => nccl().map_err(|e| format!("AUTO picks NCCL here, and {e}")),
             },
             Case::Plugin => {
@@ -93,7 +102,7 @@ impl Shared<'_> {
                 let config = PluginConfig::with_tp_size(self.nranks).map_err(|e| e.to_string())?;
                 let group = ear::group_for(self.devices[0]);
                 let cap = group.as_ref().map(|(g, _)| &**g as &dyn Fits);
-                Ok((Launch::Plugin, path_name(ear::choose(ear::requested(&config), &call, cap).path)))
+                Ok((Launch::Plugin, path_name(ear::choose(ear::requested(&config), &call, cap).path).into()))
             }
             _ => Err("a fused row".into()),
         }
@@ -216,19 +225,15 @@ impl Runner for RealRun<'_> {
                 let comm = sh.comms.as_ref().expect("planned with NCCL")[w.rank];
                 sh.nccl.expect("planned with NCCL").all_reduce(input, output, self.count, self.dtype, comm, stream)
             },
-            Launch::Custom(f) => unsafe {
+            Launch::Custom(f, ctas) => unsafe {
                 let group = sh.group.as_ref().expect("planned with a group");
-                group
-                    .launch(
-                        w.rank as i32,
-                        f,
-                        self.dtype,
-                        DevicePtr(input),
-                        DevicePtr(output),
-                        self.count,
-                        Stream(stream),
-                    )
-                    .map_err(|e| e.to_string())
+                let (rank, dtype, count) = (w.rank as i32, self.dtype, self.count);
+                let (input, output, stream) = (DevicePtr(input), DevicePtr(output), Stream(stream));
+                match ctas {
+                    Some(c) => group.launch_with_ctas(rank, f, dtype, input, output, count, stream, c),
+                    None => group.launch(rank, f, dtype, input, output, count, stream),
+                }
+                .map_err(|e| e.to_string())
             },
             Launch::Plugin => {
                 let mut dims = [0i64; 8];
@@ -251,6 +256,8 @@ struct RealFusedRun<'a> {
     w: &'a Worker<'a>,
     f: &'a WorkerFused,
     op: FusedOp,
+    /// The plain all-reduce's grid of a split op (`Plan::ctas`).
+    ctas: Option<u32>,
     dtype: DataType,
     shape: Shape,
     eps: f32,
@@ -273,7 +280,8 @@ impl Runner for RealFusedRun<'_> {
             // aligned), its stream; every rank enqueues the same call.
             FusedOp::Fused(_) | FusedOp::ArThenNorm(_) => unsafe {
                 let group = sh.group.as_ref().expect("planned with a group");
-                fused::enqueue_custom(group, w.rank, self.op, dtype, &f.bufs, shape, self.eps, &f.kernels, stream)
+                let (op, ctas) = (self.op, self.ctas);
+                fused::enqueue_custom(group, w.rank, op, dtype, &f.bufs, shape, self.eps, &f.kernels, stream, ctas)
             },
             // SAFETY: as above; the norm reads the reduced x from normed and overwrites it in
             // place, as the plugin's NCCL path does.
@@ -374,7 +382,11 @@ fn fused_sweep(
                     }
                     Ok((op, path)) => {
                         message(format!("{label} {}", case.name()));
-                        let runner = RealFusedRun { w, f, op, dtype, shape: *shape, eps, reference: &reference };
+                        let ctas = match op {
+                            FusedOp::ArThenNorm(family) => plan.ctas(n, family),
+                            _ => None,
+                        };
+                        let runner = RealFusedRun { w, f, op, ctas, dtype, shape: *shape, eps, reference: &reference };
                         let m = measure::measure(&runner, team, timer, s, gated)?;
                         if rank == 0 {
                             r.path = path.into();
@@ -498,7 +510,7 @@ fn worker(shared: &Shared, rank: usize) -> Result<(), Fatal> {
                         let runner = RealRun { w: &w, launch, dtype, count, reference: &reference };
                         let m = measure::measure(&runner, &team, &timer, s, gated)?;
                         if rank == 0 {
-                            r.path = path.into();
+                            r.path = path;
                             m.fill(&mut r, s, None);
                             shared.sink.lock().unwrap().push(r, true);
                         }
@@ -558,7 +570,16 @@ pub fn run(plan: &Plan, nccl: Option<&Nccl>, nccl_note: &str, sink: &Mutex<Sink>
         // so the plugin's group gets the same workspace).
         let ws = plan.workspace_bytes.map_or_else(|| ear::max_message_bytes(n), |b| b.div_ceil(16) * 16);
         let group = Group::in_process(&devices, ws).map_err(|e| format!("no custom group: {e}"));
+        // No communicators where no row can use them (tune's grid sweep): ncclCommInitAll
+        // costs seconds per rank count.
+        let uses_nccl = plan.cases.iter().chain(&plan.fused_cases).any(|c| {
+            matches!(
+                c,
+                Case::Nccl | Case::Auto | Case::Plugin | Case::FusedAuto | Case::NcclThenNorm | Case::PluginFused
+            )
+        });
         let comms = match nccl {
+            Some(_) if !uses_nccl => Err("no row uses NCCL".to_owned()),
             Some(nccl) => nccl.init_all(&devices),
             None => Err(format!("no NCCL ({nccl_note})")),
         };

@@ -8,7 +8,7 @@
 //! device-to-device copy, counting bytes read plus written. The fused sweep (all-reduce +
 //! residual + RMSNorm) uses the same groups, streams and fork/join: one fused op per graph.
 
-use crate::case::{fused_call, path_name, plain_call, Case, Shape};
+use crate::case::{fused_call, grid_ctas, grid_name, path_name, plain_call, Case, Shape};
 use crate::fused::{self, FusedBufs, FusedOp};
 use crate::gpu::{self, capture, memset_async, watchdog, Context, DevBuf, Gate, Res, Timer, GATE_MAX_CALLS};
 use crate::measure::{self, Fatal, Gated, Measured, Runner, Settings, Sink, Solo};
@@ -75,6 +75,8 @@ impl Sim {
 struct SimRun<'a> {
     sim: &'a Sim,
     family: Family,
+    /// At most this many CTAs (`Group::launch_with_ctas`); None: `Group::launch`'s cap.
+    ctas: Option<u32>,
     dtype: DataType,
     count: usize,
     reference: &'a [f64],
@@ -91,18 +93,15 @@ impl Runner for SimRun<'_> {
     fn enqueue(&self) -> Res<()> {
         let (sim, count) = (self.sim, self.count);
         sim.fork_join(|rank, s| {
+            let (input, output) = (DevicePtr(sim.inputs[rank].ptr), DevicePtr(sim.outputs[rank].ptr));
+            let (family, dtype, stream) = (self.family, self.dtype, Stream(s.cu_stream() as usize));
             // SAFETY: the buffers hold `count` elements and are 256-byte aligned; every rank of
-            // the group gets the same call, in the same order.
+            // the group gets the same call (and grid), in the same order.
             unsafe {
-                sim.group.launch(
-                    rank as i32,
-                    self.family,
-                    self.dtype,
-                    DevicePtr(sim.inputs[rank].ptr),
-                    DevicePtr(sim.outputs[rank].ptr),
-                    count,
-                    Stream(s.cu_stream() as usize),
-                )
+                match self.ctas {
+                    Some(c) => sim.group.launch_with_ctas(rank as i32, family, dtype, input, output, count, stream, c),
+                    None => sim.group.launch(rank as i32, family, dtype, input, output, count, stream),
+                }
             }
             .map_err(|e| format!("launch of rank {rank}: {e}"))
         })
@@ -123,6 +122,8 @@ struct SimFusedRun<'a> {
     sim: &'a Sim,
     bufs: &'a [FusedBufs],
     op: FusedOp,
+    /// The plain all-reduce's grid of a split op (`Plan::ctas`).
+    ctas: Option<u32>,
     dtype: DataType,
     shape: Shape,
     eps: f32,
@@ -154,6 +155,7 @@ impl Runner for SimFusedRun<'_> {
                     self.eps,
                     self.kernels,
                     s.cu_stream() as usize,
+                    self.ctas,
                 )
             }
         })
@@ -224,15 +226,16 @@ fn roofline(
 }
 
 enum Step {
-    Run(Family),
+    /// The family, at most this many CTAs (None: `Group::launch`'s cap).
+    Run(Family, Option<u32>),
     Skip(String),
 }
 
-/// What a row runs at this size, or why it cannot.
-fn plan(case: Case, group: &Group, dtype: DataType, bytes: u64) -> Step {
-    let serve = |f: Family| {
+/// What a row runs at this size, or why it cannot (`plan_`: the grids it takes).
+fn plan(case: Case, group: &Group, dtype: DataType, bytes: u64, plan_: &Plan) -> Step {
+    let serve = |f: Family, ctas: Option<u32>| {
         if group.serves_bytes(f, dtype, bytes) {
-            Step::Run(f)
+            Step::Run(f, ctas)
         } else {
             Step::Skip(format!(
                 "{} serves up to {} with this workspace",
@@ -242,11 +245,15 @@ fn plan(case: Case, group: &Group, dtype: DataType, bytes: u64) -> Step {
         }
     };
     match case {
-        Case::Custom(f) => serve(f),
+        Case::Custom(f) => serve(f, plan_.ctas(group.nranks, f)),
+        Case::Grid(f, ctas) => match grid_ctas(ctas, group.max_blocks) {
+            Ok(c) => serve(f, Some(c)),
+            Err(why) => Step::Skip(why),
+        },
         Case::Auto => {
             let call = plain_call(group.nranks, dtype, bytes);
             match ear::choose(Requested::Auto, &call, Some(group as &dyn Fits)).path {
-                Path::Custom(f) => Step::Run(f),
+                Path::Custom(f) => Step::Run(f, None),
                 p => Step::Skip(format!("AUTO picks {} here (no NCCL in simulation)", path_name(p))),
             }
         }
@@ -349,10 +356,15 @@ fn fused_sweep(
                     Ok(op) => {
                         sink.lock().unwrap().message(format!("{label} {}", case.name()));
                         r.path = fused::path_of(op).into();
+                        let ctas = match op {
+                            FusedOp::ArThenNorm(f) => plan_.ctas(n, f),
+                            _ => None,
+                        };
                         let runner = SimFusedRun {
                             sim,
                             bufs: &bufs,
                             op,
+                            ctas,
                             dtype,
                             shape: *shape,
                             eps,
@@ -470,15 +482,18 @@ pub fn run(plan_: &Plan, sink: &Mutex<Sink>) -> Result<(), Fatal> {
                 }
                 for &case in &plan_.cases {
                     let mut r = Record::new("sim", n, dtype_name(dtype), bytes, case.name(), &sub);
-                    match plan(case, &sim.group, dtype, bytes) {
+                    match plan(case, &sim.group, dtype, bytes, plan_) {
                         Step::Skip(why) => {
                             r.note = why;
                             sink.lock().unwrap().push(r, true);
                         }
-                        Step::Run(family) => {
+                        Step::Run(family, ctas) => {
                             sink.lock().unwrap().message(format!("{label} {}", case.name()));
-                            r.path = Case::Custom(family).name().into();
-                            let runner = SimRun { sim: &sim, family, dtype, count, reference: &reference };
+                            r.path = match (case, ctas) {
+                                (Case::Grid(..), Some(c)) => grid_name(family, c),
+                                _ => Case::Custom(family).name().into(),
+                            };
+                            let runner = SimRun { sim: &sim, family, ctas, dtype, count, reference: &reference };
                             let m: Measured = measure::measure(&runner, &Solo, &timer, s, gated)?;
                             m.fill(&mut r, s, Some(roof));
                             sink.lock().unwrap().push(r, true);

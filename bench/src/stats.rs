@@ -58,7 +58,8 @@ pub fn busbw_gbps(bytes: u64, us: f64, nranks: i32) -> f64 {
 pub fn sim_rank_bytes(path: &str, bytes: u64, nranks: i32) -> Option<f64> {
     let (s, n) = (bytes as f64, nranks as f64);
     let f = (n - 1.0) / n;
-    match path {
+    // A grid row's path is the family at a grid (`lamport@16`): the same bytes move.
+    match path.split('@').next().unwrap_or(path) {
         "oneshot" if nranks <= 2 => Some((n + 3.0) * s),
         "oneshot" => Some((n + 1.0) * s),
         "twoshot" if nranks <= 2 => Some((2.0 + 5.0 * f) * s + f * s.min((8u64 << 20) as f64)),

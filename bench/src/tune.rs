@@ -2,22 +2,35 @@
 //! library's tuning file (`edgellm_allreduce::tuning`).
 //!
 //! It runs the benchmark's own sweeps (`crate::sweep`: the same timing, graphs and correctness
-//! checks) over every way AUTO can take: each family's plain all-reduce and NCCL, and for the
-//! fused all-reduce + residual + RMSNorm each fused family, each family's split path (plain
-//! all-reduce, then the norm kernel) and NCCL then the norm kernel; for every rank count this
-//! machine can form (real: one GPU per rank; sim: simulated ranks on one GPU, whose tables serve
-//! same-device groups only) and every element type. Then, per (op, ranks, type, row width), the
-//! fastest way at each measured size ([`winners`]), adjacent sizes with the same winner merged
-//! into one row ([`merge`]), sections that came out identical for every type (or both row
-//! widths) written once ([`sections`]), and the file with the machine's header.
+//! checks) twice, for every rank count this machine can form (real: one GPU per rank; sim:
+//! simulated ranks on one GPU, whose tables serve same-device groups only):
+//! 1. the grid sweep ([`grid`]): each family's plain all-reduce at a few sizes at each candidate
+//!    CTA cap; per (rank count, family) the cap with the best total, ties to the smaller grid;
+//! 2. the tables: every way AUTO can take, each family at the cap chosen in 1 (as AUTO will run
+//!    it): each family's plain all-reduce and NCCL, and for the fused all-reduce + residual +
+//!    RMSNorm each fused family, each family's split path (plain all-reduce, then the norm
+//!    kernel) and NCCL then the norm kernel; every element type.
+//!
+//! Then, per (op, ranks, type, row width), the fastest way at each measured size ([`winners`]),
+//! adjacent sizes with the same winner merged into one row ([`merge`]), sections that came out
+//! identical for every type (or both row widths) written once ([`sections`]), the grid lines
+//! that differ from the built-in caps, and the file with the machine's header; and a report
+//! ([`report`]) beside it.
+
+mod grid;
+mod plan;
+mod report;
 
 use crate::case::{BiasMode, Case, Mode, Shape, Suite};
 use crate::record::{Record, Status};
 use crate::{gpu, stats, RunArgs, Swept};
 use clap::Args;
-use edgellm_allreduce::tuning::{library_id, Machine, RowWidth, Section, SectionKey, TunedOp, Tuning, FILE_NAME};
-use edgellm_allreduce::{DataType, Family, FusedChoice, LinkClass, RANK_COUNTS};
+use edgellm_allreduce::tuning::{
+    library_id, GridCap, Machine, RowWidth, Section, SectionKey, TunedOp, Tuning, FILE_NAME,
+};
+use edgellm_allreduce::{DataType, Family, FusedChoice, LinkClass, Message, NARROW_ROW};
 use edgellm_test_support as data;
+use plan::Plan;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -30,16 +43,17 @@ pub struct TuneArgs {
     /// Rank counts [real: each of 2, 4, 6, 8, 16 the GPUs can form; sim: 2,4,8].
     #[arg(long, value_delimiter = ',')]
     ranks: Vec<i32>,
-    /// Element types (a type whose tables match the others' is written once, as dtype=any).
-    #[arg(long, value_delimiter = ',', default_value = "bf16,fp16,fp32", value_parser = data::parse_dtype)]
+    /// Element types (a type whose tables match the others' is written once, as dtype=any)
+    /// [bf16,fp16,fp32; --quick: bf16]. The grids are measured with the first.
+    #[arg(long, value_delimiter = ',', value_parser = data::parse_dtype)]
     dtype: Vec<DataType>,
     /// Smallest plain message (powers of two from here).
     #[arg(long, default_value = "1K", value_parser = stats::parse_bytes)]
     min_bytes: u64,
-    /// Largest plain message.
+    /// Largest plain message (sim: at most what the largest workspace serves: no NCCL there).
     #[arg(long, default_value = "64M", value_parser = stats::parse_bytes)]
     max_bytes: u64,
-    /// Fused sweep: token counts [1,2,4,...,1024].
+    /// Fused sweep: token counts [1,2,4,...,1024; --quick: 1,16,256].
     #[arg(long, value_delimiter = ',')]
     tokens: Vec<u64>,
     /// Fused sweep: hidden sizes (up to 4096 tunes the narrow rows, wider the wide ones).
@@ -48,6 +62,14 @@ pub struct TuneArgs {
     /// Skip the fused op (its calls keep the built-in tables).
     #[arg(long)]
     no_fused: bool,
+    /// Skip the grid sweep: the tables are measured at each family's built-in cap (or an
+    /// already loaded file's), and the file has no grid lines.
+    #[arg(long)]
+    no_grid: bool,
+    /// Grid sweep: the candidate caps (CTAs per rank), the group's own cap always added
+    /// [1,2,4,8,16,32,64; --quick: 4,16].
+    #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..=128), conflicts_with = "no_grid")]
+    grid_ctas: Vec<u32>,
     /// Largest message of the custom workspaces, as the library will run them [its default];
     /// give the same EDGELLM_ALLREDUCE_WORKSPACE_BYTES when it runs.
     #[arg(long, value_parser = stats::parse_bytes)]
@@ -66,14 +88,23 @@ pub struct TuneArgs {
     warmup: Option<u32>,
     /// Ways within this many percent of the fastest are tied: the previous size's winner stays,
     /// else NCCL, else the fastest (fewer rows, and a custom kernel only where it is measurably
-    /// faster).
+    /// faster); never a way slower than the fastest by more. Grid caps within it of the best
+    /// total: the smallest.
     #[arg(long, default_value_t = 3.0)]
     tie_percent: f64,
     /// The tuning file to write [EDGELLM_ALLREDUCE_TUNING if set, else ./edgellm-allreduce-tuning.txt:
     /// copy it beside libNvInfer_edgellm_plugin.so, where the library looks for it].
     #[arg(long)]
     out: Option<PathBuf>,
-    /// Every measurement, as the benchmark's CSV.
+    /// The report to attach to a bug report: machine, links, NVML peer status, the probe's
+    /// figures, grid caps, tables (plain text) [tune-report.txt beside the tuning file].
+    #[arg(long)]
+    report: Option<PathBuf>,
+    /// A CSV of `edgellm-allreduce-bench probe` (--csv) on this machine, summarized in the report.
+    #[arg(long)]
+    probe_csv: Option<PathBuf>,
+    /// Every measurement of the tables, as the benchmark's CSV; the grid sweep's go beside it
+    /// (tune-grid.csv for tune.csv).
     #[arg(long, default_value = "tune.csv")]
     csv: PathBuf,
     /// NCCL library for real mode [libnccl.so.2 from the loader's path].
@@ -85,7 +116,11 @@ pub struct TuneArgs {
     /// Seconds without progress after which the run is declared hung (exit 3).
     #[arg(long, default_value_t = 120)]
     timeout: u64,
-    /// Smoke run: sizes x16 apart, 3 token counts, fewer replays and batches.
+    /// About a minute on one GPU in --mode sim with ranks 2,4,8 (some 240 measurements): grids
+    /// at 4, 16 and the group's cap, at 16K and each family's largest size up to 1M; plain
+    /// sizes x16 apart (1K, 16K, 256K, 4M) and the largest (sim: the largest a workspace
+    /// serves); fused tokens 1, 16, 256; bf16 unless --dtype; 10 replays x (1 warm-up + 5
+    /// timed) batches. Coarse tables: a smoke test of tune, not a tuning.
     #[arg(long)]
     quick: bool,
 }
@@ -107,53 +142,132 @@ fn cases(mode: Mode, fused: bool) -> Vec<Case> {
     out
 }
 
-pub fn run(t: TuneArgs) -> i32 {
-    let gpus = gpu::device_count();
-    let ranks = match (t.mode, t.ranks.is_empty()) {
-        (_, false) => t.ranks.clone(),
-        (Mode::Sim, true) => vec![2, 4, 8],
-        (Mode::Real, true) => RANK_COUNTS.into_iter().filter(|&n| n <= gpus).collect(),
+/// One of the two sweeps' options for `crate::sweep`: `strategies` over `sizes` (and `shapes`
+/// when fused), every family at `grids`.
+fn sweep_args(t: &TuneArgs, p: &Plan, dtype: Vec<DataType>, sweep: Sweep, grids: Vec<GridCap>) -> RunArgs {
+    let (strategies, sizes, shapes, csv) = match sweep {
+        Sweep::Grid => (p.grid_cases(), p.grid_sweep_sizes(), Vec::new(), grid_csv(&t.csv)),
+        Sweep::Tables => (cases(t.mode, !p.shapes.is_empty()), p.sizes.clone(), p.shapes.clone(), t.csv.clone()),
     };
-    if ranks.is_empty() {
-        eprintln!(
-            "error: real mode needs 2 or more GPUs; this machine has {gpus} (tune --mode sim tunes simulated ranks)"
-        );
-        return 2;
-    }
-    let tokens = match (t.tokens.is_empty(), t.quick) {
-        (false, _) => t.tokens.clone(),
-        (true, false) => (0..=10).map(|p| 1u64 << p).collect(),
-        (true, true) => vec![1, 16, 256],
-    };
-    let shapes: Vec<(u64, u32)> = tokens.iter().flat_map(|&k| t.hidden.iter().map(move |&h| (k, h))).collect();
-    let args = RunArgs {
+    RunArgs {
         mode: t.mode,
-        ranks: ranks.clone(),
-        dtype: t.dtype.clone(),
+        ranks: p.ranks.clone(),
+        dtype,
         min_bytes: t.min_bytes,
         max_bytes: t.max_bytes,
-        sizes: Vec::new(),
-        strategies: cases(t.mode, !t.no_fused),
-        suite: Some(if t.no_fused { Suite::Plain } else { Suite::All }),
+        sizes,
+        suite: Some(if shapes.is_empty() { Suite::Plain } else { Suite::All }),
+        strategies,
         fused: false,
         shapes,
         bias: BiasMode::Off,
         workspace_bytes: t.workspace_bytes,
-        replays: t.replays,
-        graph_ops: t.graph_ops,
-        batches: t.batches,
-        warmup: t.warmup,
+        replays: Some(p.replays),
+        graph_ops: p.graph_ops,
+        batches: Some(p.batches),
+        warmup: Some(p.warmup),
         no_eager: true,
         profiler: false,
         quick: t.quick,
-        csv: t.csv.clone(),
+        csv,
         plot: PathBuf::new(),
         no_plot: true,
         font: None,
         nccl_lib: t.nccl_lib.clone(),
         device: t.device,
         timeout: t.timeout,
+        grids,
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Sweep {
+    Grid,
+    Tables,
+}
+
+/// `tune-grid.csv` beside `tune.csv`.
+fn grid_csv(csv: &Path) -> PathBuf {
+    let stem = csv.file_stem().map_or_else(|| "tune".into(), |s| s.to_string_lossy().into_owned());
+    csv.with_file_name(format!("{stem}-grid.csv"))
+}
+
+/// `tune-report.txt` beside the tuning file.
+fn report_path(t: &TuneArgs, out: &Path) -> PathBuf {
+    t.report.clone().unwrap_or_else(|| out.with_file_name("tune-report.txt"))
+}
+
+pub fn run(t: TuneArgs) -> i32 {
+    let gpus = gpu::device_count();
+    let plan = match Plan::resolve(&t, gpus) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return 2;
+        }
     };
+    let tie = t.tie_percent / 100.0;
+    let out = t.out.clone().unwrap_or_else(default_out);
+    // The library read its settings and any tuning file when it was loaded: that file's grid
+    // lines cap the fused kernels measured here (the plain launches take the caps given).
+    if std::env::var_os("EDGELLM_ALLREDUCE_TUNING").is_some_and(|p| Path::new(&p).is_file()) {
+        println!(
+            "note: EDGELLM_ALLREDUCE_TUNING names an existing file: its grid lines cap the fused_ rows measured here; unset it to tune from the built-in caps"
+        );
+    }
+    // What the run costs, by the bench's timing model (sim, 132 SMs shared by the ranks).
+    let e = plan.estimate(&|n| (132 / n.max(1) as u32).clamp(1, 128));
+    let seconds =
+        if t.mode == Mode::Sim { format!(", about {:.0} s by the timing model", e.seconds) } else { String::new() };
+    println!(
+        "tune: {} measurements ({} grid, {} plain, {} fused){seconds}",
+        e.measurements(),
+        e.grid,
+        e.plain,
+        e.fused
+    );
+
+    let mut choices: Vec<grid::Choice> = Vec::new();
+    if plan.grid.is_some() {
+        let args = sweep_args(&t, &plan, vec![plan.grid_dtype()], Sweep::Grid, Vec::new());
+        let Swept { records, outcome } = match crate::sweep(&args) {
+            Ok(swept) => swept,
+            Err(code) => return code,
+        };
+        if let Err(e) = outcome {
+            eprintln!(
+                "error: the grid sweep stopped: {}; no tuning file written (measurements so far: {})",
+                e.0,
+                args.csv.display()
+            );
+            write_report(&t, &plan, &out, None, &[], Err(format!("the grid sweep stopped: {}", e.0)));
+            return 2;
+        }
+        let failed = records.iter().filter(|r| r.status == Status::Failed).count();
+        if failed > 0 {
+            eprintln!("warning: {failed} grid row(s) FAILED their correctness check: those caps are left out");
+        }
+        choices = grid::choices(&grid::points(&records), tie, &|n, f| plan.grid_sizes(n, f));
+        println!("\ngrid caps ({}; CSV {}):", data::dtype_name(plan.grid_dtype()), args.csv.display());
+        for c in &choices {
+            let totals: Vec<String> = c.totals.iter().map(|(ctas, us)| format!("{ctas}: {us:.1} µs")).collect();
+            println!(
+                "  {} ranks {:<8} {:>3} CTAs  (totals over {} sizes: {})",
+                c.nranks,
+                c.family.name(),
+                c.ctas,
+                c.sizes.len(),
+                totals.join(", ")
+            );
+        }
+        for &n in &plan.ranks {
+            for f in Family::ALL.into_iter().filter(|f| !choices.iter().any(|c| c.nranks == n && c.family == *f)) {
+                println!("  {n} ranks {:<8} no cap measured at every size: its built-in cap", f.name());
+            }
+        }
+    }
+
+    let args = sweep_args(&t, &plan, plan.dtypes.clone(), Sweep::Tables, grid::applied(&choices));
     let Swept { records, outcome } = match crate::sweep(&args) {
         Ok(swept) => swept,
         Err(code) => return code,
@@ -161,17 +275,19 @@ pub fn run(t: TuneArgs) -> i32 {
     print!("{}", crate::record::table(&records));
     if let Err(e) = outcome {
         eprintln!("error: the run stopped: {}; no tuning file written (measurements so far: {})", e.0, t.csv.display());
+        write_report(&t, &plan, &out, None, &choices, Err(format!("the run stopped: {}", e.0)));
         return 2;
     }
     let failed = records.iter().filter(|r| r.status == Status::Failed).count();
     if failed > 0 {
         eprintln!("warning: {failed} row(s) FAILED their correctness check: those ways are left out of the tables");
     }
-    // After the sweep: the driver is initialised by now, after the environment was set for it.
-    let (links, kept) = match links_of(t.mode, t.device, &ranks) {
+    // After the sweeps: the driver is initialised by now, after the environment was set for it.
+    let links = match links_of(t.mode, t.device, groups_of(t.mode, t.device, &plan.ranks)) {
         Ok(x) => x,
         Err(e) => {
             eprintln!("error: {e}");
+            write_report(&t, &plan, &out, None, &choices, Err(e));
             return 2;
         }
     };
@@ -182,23 +298,36 @@ pub fn run(t: TuneArgs) -> i32 {
             return 2;
         }
     };
-    let measured: Vec<Measurement> = measurements(&records).into_iter().filter(|m| kept.contains(&m.nranks)).collect();
+    let measured: Vec<Measurement> =
+        measurements(&records).into_iter().filter(|m| links.kept.contains(&m.nranks)).collect();
     let tuning = Tuning {
         machine,
-        links,
+        links: links.class,
         library: library_id(),
-        grids: Vec::new(),
-        sections: sections(&measured, t.tie_percent / 100.0),
+        grids: grid::lines(&choices, links.class, &links.kept),
+        sections: sections(&measured, tie),
     };
-    if let Err(e) = tuning.validate() {
+    let slower = slower_than_measured(&measured, &tuning, tie);
+    let invalid = tuning
+        .validate()
+        .err()
+        .map(|e| e.to_string())
+        .or_else(|| (!slower.is_empty()).then(|| format!("rows keep ways measured slower: {}", slower.join("; "))));
+    if let Some(e) = invalid {
         eprintln!("error: the measurements give no valid tables ({e}); nothing written");
+        let why = format!("the measurements give no valid tables ({e})");
+        write_report(&t, &plan, &out, Some((&tuning, &links.groups)), &choices, Err(why));
         return 2;
     }
-    let out = t.out.clone().unwrap_or_else(default_out);
+    let grids = match (&plan.grid, tuning.grids.len()) {
+        (None, _) => "no grid sweep".to_owned(),
+        (Some(_), 0) => "grids measured, every family's built-in cap kept".to_owned(),
+        (Some(_), n) => format!("grids measured, {n} cap(s) other than the built-in"),
+    };
     let note = format!(
-        "# edgellm-allreduce-bench tune --mode {}: graph replay, {} ops per graph, median over batches; ties within {}%\n",
+        "# edgellm-allreduce-bench tune --mode {}: graph replay, {} ops per graph, median over batches; ties within {}%; {grids}\n",
         t.mode.name(),
-        t.graph_ops,
+        plan.graph_ops,
         t.tie_percent
     );
     let text = note + &tuning.to_text();
@@ -212,7 +341,68 @@ pub fn run(t: TuneArgs) -> i32 {
         out.display(),
         tuning.fingerprint()
     );
+    let outcome = Ok((out.display().to_string(), tuning.fingerprint()));
+    write_report(&t, &plan, &out, Some((&tuning, &links.groups)), &choices, outcome);
     0
+}
+
+/// Writes the report (and says where); `done`: the tuning as written or refused, and the groups'
+/// links (None: the run stopped short of them: the report asks the driver itself).
+fn write_report(
+    t: &TuneArgs,
+    p: &Plan,
+    out: &Path,
+    done: Option<(&Tuning, &[report::Group])>,
+    grids: &[grid::Choice],
+    outcome: Result<(String, u64), String>,
+) {
+    let path = report_path(t, out);
+    let stopped;
+    let (tuning, groups) = match done {
+        Some(x) => x,
+        None => {
+            let machine = match Machine::current() {
+                Ok(m) => m,
+                Err(e) => {
+                    eprintln!("warning: no report: describing this machine: {e}");
+                    return;
+                }
+            };
+            let groups = groups_of(t.mode, t.device, &p.ranks);
+            let links = match (t.mode, groups.iter().max_by_key(|g| g.nranks)) {
+                (Mode::Real, Some(g)) => edgellm_allreduce::group_class(&g.facts),
+                _ => LinkClass::SameDevice,
+            };
+            stopped =
+                (Tuning { machine, links, library: library_id(), grids: Vec::new(), sections: Vec::new() }, groups);
+            (&stopped.0, &stopped.1[..])
+        }
+    };
+    let bus_ids: Vec<String> = tuning.machine.gpus.iter().map(|g| g.bus_id.clone()).collect();
+    let p2p = report::p2p_pairs(&bus_ids);
+    let probe = t.probe_csv.as_ref().map(|csv| {
+        let read = std::fs::read_to_string(csv).map_err(|e| e.to_string());
+        (csv.display().to_string(), read.and_then(|text| crate::probe::csv_summary(&text)))
+    });
+    let timing = format!(
+        "graph replay, {} ops per graph, {} replays x {} batches (+{} warm-up), median; ties within {}%",
+        p.graph_ops, p.replays, p.batches, p.warmup, t.tie_percent
+    );
+    let facts = report::Facts {
+        command: std::env::args().collect::<Vec<_>>().join(" "),
+        mode: t.mode,
+        timing,
+        tuning,
+        outcome,
+        groups,
+        p2p: &p2p,
+        probe,
+        grids,
+    };
+    match write_atomically(&path, &report::text(&facts)) {
+        Ok(()) => println!("report: {} (attach it to a bug report)", path.display()),
+        Err(e) => eprintln!("warning: writing the report {}: {e}", path.display()),
+    }
 }
 
 /// `EDGELLM_ALLREDUCE_TUNING` (the file the library will read), else [`FILE_NAME`] here.
@@ -231,22 +421,41 @@ fn write_atomically(path: &Path, text: &str) -> std::io::Result<()> {
     })
 }
 
-/// The links the tables are for, and the rank counts measured on them: sim, one device; real,
-/// the class of the largest group (GPUs 0..n), with the rank counts whose group has the same
-/// class (the others, said, keep the built-in tables).
-fn links_of(mode: Mode, device: i32, ranks: &[i32]) -> Result<(LinkClass, Vec<i32>), String> {
-    if mode == Mode::Sim {
-        let facts = edgellm_allreduce::pair_facts(&[device, device], edgellm_allreduce::link_facts);
-        println!("{}", edgellm_allreduce::describe_links(&facts));
-        return Ok((LinkClass::SameDevice, ranks.to_vec()));
-    }
-    let class_of = |n: i32| {
-        let devices: Vec<i32> = (0..n).collect();
+/// The links of the measured groups.
+struct Links {
+    /// The class the tables are for.
+    class: LinkClass,
+    /// The rank counts measured on it.
+    kept: Vec<i32>,
+    /// Every rank count's group (the report's).
+    groups: Vec<report::Group>,
+}
+
+/// Each rank count's group as the runners form it (sim: every rank on `device`; real: GPUs
+/// 0..n) and the driver's facts of its links.
+fn groups_of(mode: Mode, device: i32, ranks: &[i32]) -> Vec<report::Group> {
+    let group = |n: i32| {
+        let devices: Vec<i32> = if mode == Mode::Sim { vec![device; n as usize] } else { (0..n).collect() };
         let facts = edgellm_allreduce::pair_facts(&devices, edgellm_allreduce::link_facts);
-        println!("{n} ranks on GPUs {devices:?}: {}", edgellm_allreduce::describe_links(&facts));
-        edgellm_allreduce::group_class(&facts)
+        report::Group { nranks: n, devices, facts }
     };
-    let classes: Vec<(i32, LinkClass)> = ranks.iter().map(|&n| (n, class_of(n))).collect();
+    ranks.iter().map(|&n| group(n)).collect()
+}
+
+/// The links the tables are for, and the rank counts measured on them: sim, one device; real,
+/// the class of the largest group, with the rank counts whose group has the same class (the
+/// others, said, keep the built-in tables).
+fn links_of(mode: Mode, device: i32, groups: Vec<report::Group>) -> Result<Links, String> {
+    let ranks: Vec<i32> = groups.iter().map(|g| g.nranks).collect();
+    if mode == Mode::Sim {
+        println!("{} ranks on GPU {device}: {}", ranks.len(), edgellm_allreduce::describe_links(&groups[0].facts));
+        return Ok(Links { class: LinkClass::SameDevice, kept: ranks, groups });
+    }
+    for g in &groups {
+        println!("{} ranks on GPUs {:?}: {}", g.nranks, g.devices, edgellm_allreduce::describe_links(&g.facts));
+    }
+    let classes: Vec<(i32, LinkClass)> =
+        groups.iter().map(|g| (g.nranks, edgellm_allreduce::group_class(&g.facts))).collect();
     let Some(&(largest, links)) = classes.iter().max_by_key(|(n, _)| *n) else {
         return Err("no rank count to tune".into());
     };
@@ -263,7 +472,7 @@ fn links_of(mode: Mode, device: i32, ranks: &[i32]) -> Result<(LinkClass, Vec<i3
             eprintln!("warning: {n} ranks are joined by {} links, not {} as {largest} ranks are: the file has no rows for {n} ranks (built-in tables)", class.name(), links.name());
         }
     }
-    Ok((links, kept))
+    Ok(Links { class: links, kept, groups })
 }
 
 /// One timing: a way at one size of one (op, ranks, type, row width).
@@ -317,42 +526,96 @@ pub fn measurements(records: &[Record]) -> Vec<Measurement> {
         .collect()
 }
 
-/// A fixed order of the ways, for exact ties.
+/// A fixed order of the ways, for exact ties: NCCL, each fused family, each split family (in
+/// `Family::ALL`'s order, however many families there are).
 fn order(way: FusedChoice) -> usize {
+    let at = |f: Family| Family::ALL.iter().position(|&g| g == f).unwrap_or(0);
     match way {
         FusedChoice::Nccl => 0,
-        FusedChoice::Fused(f) => 1 + f as usize,
-        FusedChoice::Split(f) => 4 + f as usize,
+        FusedChoice::Fused(f) => 1 + at(f),
+        FusedChoice::Split(f) => 1 + Family::ALL.len() + at(f),
     }
+}
+
+/// Each size's ways with their time (several timings of one way at one size averaged), the
+/// fastest first (exact ties in [`order`]), sizes ascending.
+fn by_size(points: &[(u64, FusedChoice, f64)]) -> BTreeMap<u64, Vec<(FusedChoice, f64)>> {
+    let mut sums: BTreeMap<u64, Vec<(FusedChoice, f64, u32)>> = BTreeMap::new();
+    for &(bytes, way, us) in points {
+        let at = sums.entry(bytes).or_default();
+        match at.iter_mut().find(|(w, _, _)| *w == way) {
+            Some((_, sum, n)) => (*sum, *n) = (*sum + us, *n + 1),
+            None => at.push((way, us, 1)),
+        }
+    }
+    sums.into_iter()
+        .map(|(bytes, ways)| {
+            let mut ways: Vec<(FusedChoice, f64)> = ways.into_iter().map(|(w, sum, n)| (w, sum / n as f64)).collect();
+            ways.sort_by(|a, b| a.1.total_cmp(&b.1).then(order(a.0).cmp(&order(b.0))));
+            (bytes, ways)
+        })
+        .collect()
+}
+
+/// Whether `way` was measured among `ways` (one size's) and no way there beat it by more than
+/// `tie` (a fraction): the only ways a table may keep at that size.
+fn within_tie(ways: &[(FusedChoice, f64)], way: FusedChoice, tie: f64) -> bool {
+    let Some(best) = ways.iter().map(|w| w.1).min_by(f64::total_cmp) else {
+        return false;
+    };
+    ways.iter().any(|&(w, us)| w == way && us <= best * (1.0 + tie.max(0.0)))
 }
 
 /// The way AUTO should take at each measured size of one table: `(bytes, way, µs)` points
 /// (several of one way at one size are averaged), sizes ascending. Ways within `tie` (a
 /// fraction) of the fastest are tied: the previous size's winner stays, else NCCL, else the
-/// fastest (exact ties in a fixed order).
+/// fastest (exact ties in a fixed order). The previous winner is judged at this size only:
+/// measured slower here than another way by more than `tie`, it goes, however it fared before
+/// (issue 42: a tuned file never keeps a way the same run measured slower).
 pub fn winners(points: &[(u64, FusedChoice, f64)], tie: f64) -> Vec<(u64, FusedChoice)> {
-    let mut by_size: BTreeMap<u64, Vec<(FusedChoice, f64, u32)>> = BTreeMap::new();
-    for &(bytes, way, us) in points {
-        let at = by_size.entry(bytes).or_default();
-        match at.iter_mut().find(|(w, _, _)| *w == way) {
-            Some((_, sum, n)) => {
-                *sum += us;
-                *n += 1;
-            }
-            None => at.push((way, us, 1)),
-        }
-    }
     let mut out: Vec<(u64, FusedChoice)> = Vec::new();
-    for (bytes, ways) in by_size {
-        let mut ways: Vec<(FusedChoice, f64)> = ways.into_iter().map(|(w, sum, n)| (w, sum / n as f64)).collect();
-        ways.sort_by(|a, b| a.1.total_cmp(&b.1).then(order(a.0).cmp(&order(b.0))));
-        let Some(&(fastest, best)) = ways.first() else {
+    for (bytes, ways) in by_size(points) {
+        let Some(&(fastest, _)) = ways.first() else {
             continue;
         };
-        let tied = |w: FusedChoice| ways.iter().any(|&(x, us)| x == w && us <= best * (1.0 + tie.max(0.0)));
+        let tied = |w: FusedChoice| within_tie(&ways, w, tie);
         let previous = out.last().map(|&(_, w)| w).filter(|&w| tied(w));
         let nccl = Some(FusedChoice::Nccl).filter(|&w| tied(w));
         out.push((bytes, previous.or(nccl).unwrap_or(fastest)));
+    }
+    out
+}
+
+/// Every measured size where `tuning` takes a way that is not within `tie` of the fastest way
+/// measured there (as the library reads the file: a type's own section, else `dtype=any`;
+/// a row width's own, else `rows=any`). None for a file [`sections`] made; checked before
+/// writing all the same.
+pub fn slower_than_measured(measured: &[Measurement], tuning: &Tuning, tie: f64) -> Vec<String> {
+    type Key = (TunedOp, i32, usize, Option<RowWidth>);
+    let mut points: BTreeMap<Key, Vec<(u64, FusedChoice, f64)>> = BTreeMap::new();
+    for m in measured {
+        points.entry((m.op, m.nranks, dtype_index(m.dtype), m.width)).or_default().push((m.bytes, m.way, m.us));
+    }
+    let mut out = Vec::new();
+    for ((op, nranks, d, width), p) in points {
+        // Any row of the width's class: the choice reads its class, not its tokens.
+        let rows = width.map(|w| (1, if w == RowWidth::Wide { 2 * NARROW_ROW } else { NARROW_ROW }));
+        for (bytes, ways) in by_size(&p) {
+            let message = Message { bytes, rows };
+            let Some(taken) = tuning.choice(tuning.links, nranks, DTYPES[d], &message) else {
+                continue;
+            };
+            if !within_tie(&ways, taken, tie) {
+                let (fastest, best) = ways[0];
+                let us = ways.iter().find(|w| w.0 == taken).map_or("not measured".into(), |w| format!("{:.2} us", w.1));
+                out.push(format!(
+                    "{op:?} {nranks} ranks {} {} {}: {taken:?} ({us}) against {fastest:?} ({best:.2} us)",
+                    data::dtype_name(DTYPES[d]),
+                    width.map_or(String::new(), |w| format!("{w:?}")),
+                    stats::fmt_bytes(bytes)
+                ));
+            }
+        }
     }
     out
 }
@@ -482,6 +745,115 @@ mod tests {
     }
 
     #[test]
+    fn a_slower_family_is_not_carried_over() {
+        // Issue 42: Lamport won at 1 KiB; at 4 KiB the one-shot is 10% faster: Lamport goes,
+        // whatever it did before.
+        let p = [(1024, L, 5.0), (1024, O, 6.0), (4096, L, 6.6), (4096, O, 6.0)];
+        assert_eq!(winners(&p, 0.03), [(1024, L), (4096, O)]);
+        // A chain of small losses stays tied size by size, never beyond the tie of that size.
+        let p = [(1024, L, 5.0), (1024, O, 5.1), (2048, L, 5.1), (2048, O, 5.0), (4096, L, 5.4), (4096, O, 5.0)];
+        assert_eq!(winners(&p, 0.03), [(1024, L), (2048, L), (4096, O)]);
+        // Averaged timings are judged as averages: Lamport's 4.0 and 7.0 (5.5) lose to 5.0.
+        let p = [(1024, L, 5.0), (1024, O, 5.2), (4096, L, 4.0), (4096, L, 7.0), (4096, O, 5.0)];
+        assert_eq!(winners(&p, 0.03), [(1024, L), (4096, O)]);
+        // The previous winner not measured at a size (it does not serve it) does not stay.
+        let p = [(1024, L, 5.0), (1024, O, 6.0), (8 << 20, O, 60.0), (8 << 20, Nccl, 61.0)];
+        assert_eq!(winners(&p, 0.03), [(1024, L), (8 << 20, Nccl)]);
+        // Push, the fourth family, orders apart from the split ways on exact ties.
+        let push = Fused(Family::Push);
+        assert_ne!(order(push), order(Split(Family::OneShot)));
+        let p = [(1024, Split(Family::OneShot), 5.0), (1024, push, 5.0)];
+        assert_eq!(winners(&p, 0.0), [(1024, push)]);
+    }
+
+    #[test]
+    fn every_written_row_is_within_the_tie_of_the_fastest() {
+        // Pseudo-random timings for four ways over 12 sizes, two types: whatever the tie, each
+        // measured size's way as the file says it is within the tie of the fastest there.
+        let ways = [L, O, T, Nccl];
+        let mut seed = 0x9e37_79b9_u64;
+        let mut next = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            5.0 + (seed % 1000) as f64 / 100.0
+        };
+        let mut ms = Vec::new();
+        for d in [DataType::Bf16, DataType::Half] {
+            for p in 10..22 {
+                for w in ways {
+                    ms.push(m(TunedOp::Plain, 2, d, None, 1 << p, w, next()));
+                }
+            }
+        }
+        for tie in [0.0, 0.03, 0.1, 0.5] {
+            let t = Tuning { sections: sections(&ms, tie), ..tuning(Vec::new()) };
+            assert!(slower_than_measured(&ms, &t, tie).is_empty(), "tie {tie}");
+        }
+        // A file that keeps a way measured slower is caught.
+        let t = tuning(vec![Section {
+            key: SectionKey { op: TunedOp::Plain, nranks: 2, dtype: None, width: None },
+            rows: vec![(u64::MAX, T)],
+        }]);
+        let ms = [
+            m(TunedOp::Plain, 2, DataType::Bf16, None, 1024, T, 6.0),
+            m(TunedOp::Plain, 2, DataType::Bf16, None, 1024, L, 5.0),
+        ];
+        assert_eq!(slower_than_measured(&ms, &t, 0.03).len(), 1);
+        assert!(slower_than_measured(&ms, &t, 0.25).is_empty());
+    }
+
+    fn tuning(sections: Vec<Section>) -> Tuning {
+        Tuning {
+            machine: Machine {
+                host: "h".into(),
+                driver: "d".into(),
+                gpus: vec![edgellm_allreduce::tuning::Gpu { bus_id: "0000:01:00.0".into(), name: "G".into() }],
+            },
+            links: LinkClass::Pcie,
+            library: library_id(),
+            grids: Vec::new(),
+            sections,
+        }
+    }
+
+    #[test]
+    fn a_file_with_grid_lines_reads_back() {
+        // The grid sweep's choices, through the lines tune writes, the file's text (with tune's
+        // comment line) and the library's parser.
+        let choice = |nranks, family, ctas, group_max| grid::Choice {
+            nranks,
+            family,
+            sizes: vec![16 << 10, 1 << 20],
+            totals: vec![(ctas, 10.0)],
+            ctas,
+            group_max: Some(group_max),
+        };
+        let choices = [
+            choice(2, Family::Push, 8, 132),
+            choice(2, Family::Lamport, 132, 132),
+            choice(4, Family::TwoShot, 16, 132),
+            choice(8, Family::OneShot, 2, 132),
+        ];
+        let ms = [m(TunedOp::Plain, 2, DataType::Bf16, None, 1024, L, 5.0)];
+        let t = Tuning { grids: grid::lines(&choices, LinkClass::Pcie, &[2, 4]), ..tuning(sections(&ms, 0.03)) };
+        assert_eq!(
+            t.grids,
+            [
+                GridCap { nranks: 2, family: Family::Push, ctas: 8 },
+                GridCap { nranks: 4, family: Family::TwoShot, ctas: 16 }
+            ],
+            "the default (Lamport at the group's cap) and the rank count not kept are left out"
+        );
+        let text = "# edgellm-allreduce-bench tune --mode real: ...\n".to_owned() + &t.to_text();
+        assert!(text.contains("grid ranks=2 push ctas=8\n") && text.contains(" grids=2\n"), "{text}");
+        let back = Tuning::parse(&text).unwrap();
+        assert_eq!(back, t);
+        assert_eq!(back.fingerprint(), t.fingerprint());
+        t.validate().unwrap();
+    }
+
+    #[test]
     fn rows_are_monotone_and_end_unbounded() {
         // Alternating winners: one row per size, strictly increasing, the last unbounded.
         let w: Vec<(u64, FusedChoice)> = (10..20).map(|p| (1u64 << p, if p % 2 == 0 { L } else { O })).collect();
@@ -603,6 +975,10 @@ mod tests {
             format!("nccl,{},{},{},nccl_then_norm", families(""), families("fused_"), families("split_"))
         );
         assert_eq!(names(cases(Mode::Sim, false)), families(""));
+        // Transport is measured through the families: the staged push (PCIe's) with the pulls.
+        for c in [Case::Custom(Family::Push), Case::Fused(Family::Push), Case::Split(Family::Push)] {
+            assert!(cases(Mode::Real, true).contains(&c) && cases(Mode::Sim, true).contains(&c));
+        }
         for c in cases(Mode::Real, true) {
             assert!(way_of(c.name()).is_some(), "{}", c.name());
         }

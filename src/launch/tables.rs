@@ -249,8 +249,10 @@ pub(crate) const GRID_CAPS: &[(LinkClass, Family, GridCaps)] = &[(LinkClass::Pci
 /// `(up to n ranks, at most c CTAs)`, by increasing rank count.
 pub(crate) type GridCaps = &'static [(i32, u32)];
 
-/// The built-in cap of `family` on `nranks` ranks over `class` ([`GRID_CAPS`]).
-pub(crate) fn builtin_grid_cap(class: LinkClass, family: Family, nranks: i32) -> Option<u32> {
+/// The built-in cap of `family` on `nranks` ranks over `class` ([`GRID_CAPS`]); None: the
+/// group's own. Public for `edgellm-allreduce-bench tune`, which writes a grid line only where it
+/// measured another cap.
+pub fn builtin_grid_cap(class: LinkClass, family: Family, nranks: i32) -> Option<u32> {
     let (_, _, caps) = GRID_CAPS.iter().find(|(c, f, _)| *c == class && *f == family)?;
     caps.iter().find(|(n, _)| nranks <= *n).map(|&(_, ctas)| ctas)
 }
