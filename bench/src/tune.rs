@@ -116,11 +116,11 @@ pub struct TuneArgs {
     /// Seconds without progress after which the run is declared hung (exit 3).
     #[arg(long, default_value_t = 120)]
     timeout: u64,
-    /// About a minute on one GPU in --mode sim with ranks 2,4,8 (some 240 measurements): grids
+    /// Under a minute on one GPU in --mode sim with ranks 2,4,8 (some 260 measurements): grids
     /// at 4, 16 and the group's cap, at 16K and each family's largest size up to 1M; plain
-    /// sizes x16 apart (1K, 16K, 256K, 4M) and the largest (sim: the largest a workspace
-    /// serves); fused tokens 1, 16, 256; bf16 unless --dtype; 10 replays x (1 warm-up + 5
-    /// timed) batches. Coarse tables: a smoke test of tune, not a tuning.
+    /// sizes x4 apart (1K, 4K, 16K, 64K, 256K, 1M, 4M) and the largest (sim: the largest a
+    /// workspace serves); fused tokens 1, 16, 256; bf16 unless --dtype; 10 replays x (1
+    /// warm-up + 5 timed) batches. Coarser tables than the full tune (crossovers within x4).
     #[arg(long)]
     quick: bool,
 }

@@ -56,16 +56,18 @@ pub(crate) const AUTO_TABLE: RankTable<Option<Family>> = &[
 /// Lamport's 7.1 us at 2 MiB, 140 against the two-shot's 204 at 64 MiB); 4 and 8 ranks with
 /// the inputs read in place (docs/runs/2026-12-01-h200-inplace-oneshot.txt): 4 ranks Lamport to
 /// 128 KiB (5.95 against the one-shot's 6.21 us), the one-shot above (6.38 against 6.85 at 256
-/// KiB, 177 against the two-shot's 198 at 64 MiB); 8 ranks Lamport to 64 KiB (level there: 9.0
-/// both), the one-shot to 512 KiB (12.1 against 12.9), the two-shot above (14.2 against 15.7
-/// at 1 MiB, 331 against 507 at 64 MiB).
+/// KiB, 177 against the two-shot's 198 at 64 MiB); 8 ranks the one-shot to 512 KiB (12.1
+/// against 12.9), the two-shot above (14.2 against 15.7 at 1 MiB, 331 against 507 at 64 MiB).
+/// 8 ranks' Lamport bound from one H100, two rounds (docs/runs/2026-12-06-h100-tune-quick.txt):
+/// Lamport to 48 KiB (9.17 against the one-shot's 9.25 us), not at 64 KiB (9.51 against 9.24);
+/// the same run confirms 4 ranks' 128 KiB (6.31 against 6.45; 6.84 against 6.63 at 192 KiB).
 pub(crate) const ONE_DEVICE_AUTO_TABLE: RankTable<Option<Family>> = &[
     (2, &[(1 << 20, Some(Family::Lamport)), (64 << 20, Some(Family::OneShot)), (u64::MAX, None)]),
     (4, &[(128 << 10, Some(Family::Lamport)), (64 << 20, Some(Family::OneShot)), (u64::MAX, None)]),
     (
         16,
         &[
-            (64 << 10, Some(Family::Lamport)),
+            (48 << 10, Some(Family::Lamport)),
             (512 << 10, Some(Family::OneShot)),
             (64 << 20, Some(Family::TwoShot)),
             (u64::MAX, None),
