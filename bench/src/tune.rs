@@ -915,17 +915,7 @@ mod tests {
         assert_eq!(s[0].rows, [(1024, L), (u64::MAX, Nccl)]);
         assert_eq!(s[4].rows, [(8192, L), (u64::MAX, Split(Family::OneShot))]);
         // The result is a valid tuning file, and reads back the same.
-        let t = Tuning {
-            machine: Machine {
-                host: "h".into(),
-                driver: "d".into(),
-                gpus: vec![edgellm_allreduce::tuning::Gpu { bus_id: "0000:01:00.0".into(), name: "G".into() }],
-            },
-            links: LinkClass::Pcie,
-            library: library_id(),
-            grids: Vec::new(),
-            sections: s,
-        };
+        let t = tuning(s);
         t.validate().unwrap();
         assert_eq!(Tuning::parse(&t.to_text()).unwrap(), t);
     }

@@ -4,6 +4,7 @@
 use super::*;
 use crate::config::MAX_SELFTEST_MS;
 use crate::contract::{EAR_MAX_RANKS, EAR_SELFTEST_PUSH_BYTES};
+use crate::launch::Fits;
 use crate::link::LinkClass;
 
 /// Fault injection for [`Group::self_test`] (tests only; `Default`: none, the configured bound).
@@ -139,7 +140,10 @@ impl Group {
             .selftest()
             .ok_or_else(|| Error::NoKernel(crate::launch::kernels::SELFTEST_KERNEL.to_owned()))?;
         let (function, push_function) = function;
-        let measure = inject.measure_push.unwrap_or(matches!(self.links, LinkClass::NvLink | LinkClass::Pcie));
+        // Ranks on one device have no link to time (their group's `links` is only what the
+        // driver said of separate devices): the link class, as the planner sees it.
+        let measure =
+            inject.measure_push.unwrap_or(matches!(Fits::link_class(self), LinkClass::NvLink | LinkClass::Pcie));
         let push = measure.then(|| self.push_check(rank, push_function)).flatten();
         Ok(RankSelfTest {
             rank,
