@@ -101,8 +101,13 @@ pub struct TuneArgs {
     #[arg(long)]
     report: Option<PathBuf>,
     /// A CSV of `edgellm-allreduce-bench probe` (--csv) on this machine, summarized in the report.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "probe")]
     probe_csv: Option<PathBuf>,
+    /// Probe the fabric first: `probe --quick` (every GPU pair's peer writes and reads, or GPU to
+    /// host with one GPU) in a child process, its table printed, its CSV (probe.csv beside the
+    /// tuning file) summarized in the report: the fabric's figures and the tuning in one command.
+    #[arg(long)]
+    probe: bool,
     /// Every measurement of the tables, as the benchmark's CSV; the grid sweep's go beside it
     /// (tune-grid.csv for tune.csv).
     #[arg(long, default_value = "tune.csv")]
@@ -192,12 +197,36 @@ fn grid_csv(csv: &Path) -> PathBuf {
     csv.with_file_name(format!("{stem}-grid.csv"))
 }
 
+/// The arguments of `--probe`'s child: the quick probe, its CSV at `csv`.
+fn probe_args(csv: &Path) -> Vec<std::ffi::OsString> {
+    let mut args: Vec<std::ffi::OsString> = ["probe", "--quick", "--csv"].map(Into::into).to_vec();
+    args.push(csv.into());
+    args
+}
+
+/// `--probe`: runs the quick probe in a child process (a wait that runs out ends the probe's
+/// process, not this one, and every one of its waits is bounded) and returns its CSV's path, for
+/// the report; a probe that fails is said here, and the report says what of its CSV it read.
+fn probe_first(out: &Path) -> PathBuf {
+    let csv = out.with_file_name("probe.csv");
+    println!("probe: the fabric first (probe --quick), CSV {}", csv.display());
+    let status =
+        std::env::current_exe().and_then(|exe| std::process::Command::new(exe).args(probe_args(&csv)).status());
+    match status {
+        Ok(s) if s.success() => {}
+        Ok(s) => eprintln!("warning: the probe ended with {s}: the report summarizes what its CSV holds"),
+        Err(e) => eprintln!("warning: the probe could not start: {e}"),
+    }
+    println!();
+    csv
+}
+
 /// `tune-report.txt` beside the tuning file.
 fn report_path(t: &TuneArgs, out: &Path) -> PathBuf {
     t.report.clone().unwrap_or_else(|| out.with_file_name("tune-report.txt"))
 }
 
-pub fn run(t: TuneArgs) -> i32 {
+pub fn run(mut t: TuneArgs) -> i32 {
     let gpus = gpu::device_count();
     let plan = match Plan::resolve(&t, gpus) {
         Ok(p) => p,
@@ -208,6 +237,9 @@ pub fn run(t: TuneArgs) -> i32 {
     };
     let tie = t.tie_percent / 100.0;
     let out = t.out.clone().unwrap_or_else(default_out);
+    if t.probe {
+        t.probe_csv = Some(probe_first(&out));
+    }
     // The library read its settings and any tuning file when it was loaded: that file's grid
     // lines cap the fused kernels measured here (the plain launches take the caps given).
     if std::env::var_os("EDGELLM_ALLREDUCE_TUNING").is_some_and(|p| Path::new(&p).is_file()) {
@@ -697,6 +729,33 @@ mod tests {
     const L: FusedChoice = Fused(Family::Lamport);
     const O: FusedChoice = Fused(Family::OneShot);
     const T: FusedChoice = Fused(Family::TwoShot);
+
+    #[test]
+    fn probe_first_runs_the_quick_probe_into_a_csv_beside_the_tuning_file() {
+        let args = probe_args(Path::new("/lib/probe.csv"));
+        assert_eq!(args, ["probe", "--quick", "--csv", "/lib/probe.csv"]);
+        // The child's arguments are the probe's own.
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(subcommand)]
+            c: Sub,
+        }
+        #[derive(clap::Subcommand)]
+        enum Sub {
+            Probe(crate::probe::ProbeArgs),
+        }
+        let Sub::Probe(p) =
+            <Cli as clap::Parser>::try_parse_from(std::iter::once("bench".into()).chain(args)).unwrap().c;
+        assert!(p.quick && p.csv == Path::new("/lib/probe.csv"));
+        // --probe and --probe-csv say two things of one CSV: refused.
+        #[derive(clap::Parser)]
+        struct Tune {
+            #[command(flatten)]
+            t: TuneArgs,
+        }
+        assert!(<Tune as clap::Parser>::try_parse_from(["tune", "--probe", "--probe-csv", "p.csv"]).is_err());
+        assert!(<Tune as clap::Parser>::try_parse_from(["tune", "--probe"]).unwrap().t.probe);
+    }
 
     #[test]
     fn the_fastest_wins_and_runs_merge_into_rows() {

@@ -71,7 +71,10 @@ pub fn text(f: &Facts) -> String {
     }
 
     match &f.probe {
-        None => line("probe: none (--probe-csv takes the CSV of `edgellm-allreduce-bench probe`)".into()),
+        None => line(
+            "probe: none (tune --probe runs it first; --probe-csv takes the CSV of `edgellm-allreduce-bench probe`)"
+                .into(),
+        ),
         Some((path, Err(e))) => line(format!("probe {path}: unreadable: {e}")),
         Some((path, Ok(lines))) => {
             line(format!("probe {path} (best over sizes and CTAs; round trips in us):"));
