@@ -34,10 +34,13 @@ pub enum Requested {
 impl Requested {
     /// NCCL, AUTO or a family's name, in any case.
     pub fn from_name(name: &str) -> Option<Requested> {
-        match name.trim().to_ascii_uppercase().as_str() {
-            "NCCL" => Some(Requested::Nccl),
-            "AUTO" => Some(Requested::Auto),
-            _ => Family::from_name(name).map(Requested::Family),
+        let name = name.trim();
+        if name.eq_ignore_ascii_case("NCCL") {
+            Some(Requested::Nccl)
+        } else if name.eq_ignore_ascii_case("AUTO") {
+            Some(Requested::Auto)
+        } else {
+            Family::from_name(name).map(Requested::Family)
         }
     }
 
@@ -50,22 +53,22 @@ impl Requested {
         }
     }
 
-    /// `EDGELLM_ALLREDUCE_STRATEGY` (`crate::config`); one warning when it names no strategy,
-    /// which is then ignored.
+    /// `EDGELLM_ALLREDUCE_STRATEGY` (`crate::config`, read once), parsed once: every enqueue
+    /// asks. One warning when it names no strategy, which is then ignored.
     pub(crate) fn configured() -> Option<Requested> {
-        static REPORTED: std::sync::Once = std::sync::Once::new();
-        let text = crate::config::get().strategy.as_deref()?;
-        let requested = Requested::from_name(text);
-        if requested.is_none() {
-            REPORTED.call_once(|| {
+        static CONFIGURED: std::sync::OnceLock<Option<Requested>> = std::sync::OnceLock::new();
+        *CONFIGURED.get_or_init(|| {
+            let text = crate::config::get().strategy.as_deref()?;
+            let requested = Requested::from_name(text);
+            if requested.is_none() {
                 let names: Vec<String> = Family::ALL.iter().map(|f| f.name().to_uppercase()).collect();
                 crate::log::warning(&format!(
                     "EDGELLM_ALLREDUCE_STRATEGY={text} is not one of NCCL, AUTO, {}: ignored",
                     names.join(", ")
                 ))
-            });
-        }
-        requested
+            }
+            requested
+        })
     }
 
     /// Its code in the exchange record (0 there: unset): ranks that differ use NCCL.

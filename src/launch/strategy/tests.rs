@@ -396,3 +396,17 @@ fn the_fingerprint_covers_every_built_in_table() {
         check(t.fused_wide.iter().map(|(n, r)| (*n, r.iter().map(|e| e.0).collect())).collect());
     }
 }
+
+#[test]
+fn strategy_names_parse_in_any_case() {
+    for (text, want) in [
+        (" nccl ", Some(Requested::Nccl)),
+        ("Auto", Some(Requested::Auto)),
+        ("ONESHOT", Some(Requested::Family(Family::OneShot))),
+        ("push", Some(Requested::Family(Family::Push))),
+        ("lamportx", None),
+        ("", None),
+    ] {
+        assert_eq!(Requested::from_name(text), want, "{text:?}");
+    }
+}
