@@ -29,7 +29,7 @@
  *                  (kernels/wait.cuh);
  *                  then (EAR_POINTER_SLOTS_OFFSET) 16-byte entries pointer_slot[EAR_MAX_BLOCKS]
  *                  [EAR_MAX_RANKS] = {value, pointer}: written (one 16-byte atomic, sm_90+) only
- *                  by CTA b of rank r at the first barrier of a 4+ rank one-shot or two-shot
+ *                  by CTA b of rank r at the first barrier of a one-shot or 4+ rank two-shot
  *                  that exchanges pointers (EAR_CALL_POINTERS): the barrier's flag value and
  *                  rank r's input when peers may read it in place, else 0 (sync.cuh,
  *                  cta_barrier_sharing).

@@ -31,15 +31,15 @@
 #define EAR_PROTOCOL_ID 1161908801
 
 // `EarAllReduceParams::flags`: peers may read this rank's input in place for this call (the
-// group lives in one process and the input is memory every rank's device reaches). The 4+
-// rank one-shot and two-shot then skip the copy into their workspace (the one-shot not when
+// group lives in one process and the input is memory every rank's device reaches). The
+// one-shot and the 4+ rank two-shot then skip the copy into their workspace (the one-shot not when
 // its output is its input); other kernels ignore the flag. Each rank sets it for itself: a
 // peer learns it in-kernel, per call (`kernels/sync.cuh`, `cta_barrier_sharing`). Read only
 // together with [`EAR_CALL_POINTERS`].
 #define EAR_CALL_INPUT_SHARED 1
 
 // `EarAllReduceParams::flags`: the ranks of this call tell each other where to read their
-// inputs (4+ rank one-shot and two-shot, sm_90 or newer). Set on EVERY rank of a call or on
+// inputs (the one-shot and the 4+ rank two-shot, sm_90 or newer). Set on EVERY rank of a call or on
 // none (the host sets it for groups that live in one process, on devices that all have the
 // 16-byte atomics): a rank that exchanges waits for pointers its peers never write.
 #define EAR_CALL_POINTERS 2
@@ -268,7 +268,7 @@ typedef struct EarRule {
 // field 0 or 1.
 typedef struct EarCallFacts {
   // The group tells its ranks where their inputs are (`EAR_CALL_POINTERS`): it lives in one
-  // process, has 4+ ranks, and every rank's kernels and links have the 16-byte atomics.
+  // process, and every rank's kernels and links have the 16-byte atomics.
   uint8_t exchanges_pointers;
   // Output and input are the same buffer.
   uint8_t in_place;

@@ -5,8 +5,8 @@
 //   layout   own bank = data region + EAR_OFF_ONESHOT + (seq % 2) * EAR_ONESHOT_BANK_BYTES(m),
 //            a copy of our whole input, vector i at byte 16*i.
 //   1. stage  every CTA b copies its vectors (i = b*512 + t, grid-stride) of our input into
-//             our own bank (local writes). Skipped when peers read our input in place (4+
-//             ranks of one process, EAR_CALL_POINTERS and EAR_CALL_INPUT_SHARED, output !=
+//             our own bank (local writes). Skipped when peers read our input in place (ranks
+//             of one process, EAR_CALL_POINTERS and EAR_CALL_INPUT_SHARED, output !=
 //             input).
 //   2. barrier cta_barrier(flag_value(seq, 0)): CTA b of every rank has staged its vectors.
 //             With EAR_CALL_POINTERS, cta_barrier_sharing: each rank also says where its
@@ -64,7 +64,7 @@ __device__ __forceinline__ void oneshot_body(const EarAllReduceParams& p) {
       store_output<T>(p.output, i, p.count, reduce_in_rank_order<T, N>(v.v));
     });
   };
-  if (!pointers) {  // every rank's vectors are in its bank (always at 2 ranks)
+  if (!pointers) {  // every rank's vectors are in its bank
     cta_barrier<N>(p, flag_value(c.seq, 0));
     const char* banks[N];
 #pragma unroll

@@ -101,13 +101,14 @@ __device__ __forceinline__ void cta_handoff(const EarAllReduceParams& p, int dst
   __syncthreads();
 }
 
-// Whether this call's ranks tell each other where to read their inputs (a 4+ rank one-shot or
-// two-shot of a group living in one process, on sm_90 or newer: EAR_CALL_POINTERS, set by the
-// host on every rank of the call or on none). Other calls use cta_barrier and the copies.
+// Whether this call's ranks tell each other where to read their inputs (a one-shot, or a 4+ rank
+// two-shot, of a group living in one process, on sm_90 or newer: EAR_CALL_POINTERS, set by the
+// host on every rank of the call or on none; the 2-rank two-shot, twoshot.cu, pushes and ignores
+// it). Other calls use cta_barrier and the copies.
 template <int N>
 __device__ __forceinline__ bool exchanges_pointers(const EarAllReduceParams& p) {
 #if __CUDA_ARCH__ >= 900
-  return N >= 4 && (p.flags & EAR_CALL_POINTERS) != 0u;
+  return (p.flags & EAR_CALL_POINTERS) != 0u;
 #else
   return false;  // the exchange needs 16-byte atomics
 #endif

@@ -31,8 +31,8 @@ use std::ffi::c_void;
 pub const EAR_PROTOCOL_ID: u32 = 0x4541_5241;
 
 /// `EarAllReduceParams::flags`: peers may read this rank's input in place for this call (the
-/// group lives in one process and the input is memory every rank's device reaches). The 4+
-/// rank one-shot and two-shot then skip the copy into their workspace (the one-shot not when
+/// group lives in one process and the input is memory every rank's device reaches). The
+/// one-shot and the 4+ rank two-shot then skip the copy into their workspace (the one-shot not when
 /// its output is its input); other kernels ignore the flag. Each rank sets it for itself: a
 /// peer learns it in-kernel, per call (`kernels/sync.cuh`, `cta_barrier_sharing`). Read only
 /// together with [`EAR_CALL_POINTERS`].
@@ -40,7 +40,7 @@ pub const EAR_PROTOCOL_ID: u32 = 0x4541_5241;
 pub const EAR_CALL_INPUT_SHARED: u32 = 1;
 
 /// `EarAllReduceParams::flags`: the ranks of this call tell each other where to read their
-/// inputs (4+ rank one-shot and two-shot, sm_90 or newer). Set on EVERY rank of a call or on
+/// inputs (the one-shot and the 4+ rank two-shot, sm_90 or newer). Set on EVERY rank of a call or on
 /// none (the host sets it for groups that live in one process, on devices that all have the
 /// 16-byte atomics): a rank that exchanges waits for pointers its peers never write.
 #[allow(dead_code)] // ear_plan_of sets it, the kernels read it
@@ -171,7 +171,7 @@ pub struct EarRule {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct EarCallFacts {
     /// The group tells its ranks where their inputs are (`EAR_CALL_POINTERS`): it lives in one
-    /// process, has 4+ ranks, and every rank's kernels and links have the 16-byte atomics.
+    /// process, and every rank's kernels and links have the 16-byte atomics.
     pub exchanges_pointers: u8,
     /// Output and input are the same buffer.
     pub in_place: u8,

@@ -46,10 +46,9 @@ pub fn busbw_gbps(bytes: u64, us: f64, nranks: i32) -> f64 {
 /// each access counted once at memory; the L2 serves part of it (the N ranks of a one-shot
 /// read the same lines at about the same time), so the roofline fraction computed from it can
 /// exceed 100%. The benchmark's simulated ranks are a group of one process whose inputs are not
-/// its outputs, so from 4 ranks the one-shot and the two-shot read their peers' inputs in place
+/// its outputs, so the one-shot and the 4+ rank two-shot read their peers' inputs in place
 /// (kernels from compute_90 or newer: `EAR_CALL_POINTERS`). With S the message and f = (N-1)/N:
-///   oneshot  2 ranks (copies): S input + S bank copy + N·S bank reads + S output = (N+3)·S;
-///            4+ ranks (in place): N·S input reads + S output = (N+1)·S;
+///   oneshot  (in place) N·S input reads + S output = (N+1)·S;
 ///   twoshot  2 ranks (twoshot.cu): S input + f·S scatter + f·S stage reads + f·S gather
 ///            pushes + f·S gather reads + S output + f·S gather zeroing + f·min(S, 8 MiB)
 ///            stage zeroing; 4+ ranks (twoshot_wide.cu, in place): S input reads (N segments of
@@ -60,7 +59,6 @@ pub fn sim_rank_bytes(path: &str, bytes: u64, nranks: i32) -> Option<f64> {
     let f = (n - 1.0) / n;
     // A grid row's path is the family at a grid (`lamport@16`): the same bytes move.
     match path.split('@').next().unwrap_or(path) {
-        "oneshot" if nranks <= 2 => Some((n + 3.0) * s),
         "oneshot" => Some((n + 1.0) * s),
         "twoshot" if nranks <= 2 => Some((2.0 + 5.0 * f) * s + f * s.min((8u64 << 20) as f64)),
         "twoshot" => Some(3.0 * s),
@@ -171,7 +169,7 @@ mod tests {
         assert!((algbw_gbps(1_000_000, 1.0) - 1000.0).abs() < 1e-9);
         assert!((busbw_gbps(1_000_000, 1.0, 2) - 1000.0).abs() < 1e-9);
         assert!((busbw_gbps(1_000_000, 1.0, 8) - 1750.0).abs() < 1e-9);
-        assert_eq!(sim_rank_bytes("oneshot", 1 << 20, 2), Some(5.0 * (1 << 20) as f64), "2 ranks copy");
+        assert_eq!(sim_rank_bytes("oneshot", 1 << 20, 2), Some(3.0 * (1 << 20) as f64), "2 ranks read inputs in place");
         assert_eq!(sim_rank_bytes("oneshot", 1 << 20, 4), Some(5.0 * (1 << 20) as f64), "4 ranks read inputs in place");
         assert_eq!(sim_rank_bytes("twoshot", 1 << 20, 4), Some(3.0 * (1 << 20) as f64));
         assert_eq!(sim_rank_bytes("twoshot", 1 << 20, 2), Some(5.0 * (1 << 20) as f64));

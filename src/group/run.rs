@@ -259,15 +259,14 @@ impl Group {
         })
     }
 
-    /// Whether the ranks of a 4+ rank one-shot or two-shot tell each other where their inputs
+    /// Whether the ranks of a one-shot or a 4+ rank two-shot tell each other where their inputs
     /// are (`EAR_CALL_POINTERS`): the group lives in this process (one address space, so a
     /// peer can read a rank's input where it lies), every rank's kernels have the 16-byte
     /// atomics of the exchange (code from compute_90 or newer), and the links between its
     /// devices carry them (`Group::links_exchange`). It depends on the group only, so every
     /// rank of a call gives the same answer, as the flag requires.
     fn exchanges_pointers(&self) -> bool {
-        self.nranks >= 4
-            && self.links_exchange
+        self.links_exchange
             && self.members.iter().all(|m| m.as_ref().is_some_and(|m| m.kernels.sm90_code))
     }
 

@@ -11,7 +11,8 @@
 // the same kernels as a group of one process runs them: exchanging pointers with every input
 // copied ("1s:pointers", "w:pointers": what a rank whose output is its input costs its group)
 // and with every input read in place ("1s:in-place", "wide in-place", its stages "wi:").
-// EAR_CALL_POINTERS is read by 4+ rank kernels only: at N = 2 those rows are the copying ones.
+// EAR_CALL_POINTERS is read by the one-shot at every N and by the 4+ rank two-shot: at N = 2 the
+// two-shot's pointer rows are its copying ones.
 //
 // Built by tools/gpu/stage.sh (or: nvcc -O3 -std=c++17 -arch=sm_90 tools/gpu/twoshot_stages.cu);
 // usage: twoshot_stages [--ranks 4,8,2] [--sizes 256K,1M,4M,16M,64M] [--replays 5] [--batches 10]
