@@ -74,21 +74,10 @@
 // kernels read it; the host takes the block from the plan rule (`ear_plan_of`).
 #define EAR_FUSED_MAX_THREADS 512
 
-// `EarPlan::family`: the kernel families (`crate::launch::family::Family`), and the residual +
-// RMSNorm kernel alone (after NCCL or a plain all-reduce, or one rank).
-#define EAR_FAMILY_ONESHOT 0
-
-#define EAR_FAMILY_TWOSHOT 1
-
-#define EAR_FAMILY_LAMPORT 2
-
+// `EarPlan::family` of the residual + RMSNorm kernel alone (after NCCL or a plain all-reduce, or
+// one rank). The families' ids are their descriptions' (`crate::launch::family`, written into
+// `kernels/ear_families.h` as `EAR_FAMILY_<NAME>`): none takes this one.
 #define EAR_FAMILY_NORM 3
-
-// The staged push family (`kernels/push.cu`, `kernels/push_norm.cu`): peers are only written,
-// never read, one outbound and one inbound peer per pass (N-1 passes), for PCIe, where peer
-// writes are the fast and safe direction; messages up to `EAR_PUSH_MAX_MSG`. After
-// `EAR_FAMILY_NORM`, which keeps its id.
-#define EAR_FAMILY_PUSH 4
 
 // `EarPlan::op`: the sum alone, or the fused residual (+ bias) + RMSNorm after it.
 #define EAR_OP_ALLREDUCE 0

@@ -8,6 +8,12 @@
 
 #include "allreduce_params.h"
 
+/* EarPlan::family of each family (the exchange record's code too). */
+#define EAR_FAMILY_ONESHOT 0
+#define EAR_FAMILY_TWOSHOT 1
+#define EAR_FAMILY_LAMPORT 2
+#define EAR_FAMILY_PUSH 4
+
 /* M(name, EAR_FAMILY_* id, plain stem at 2 ranks, plain stem at 4 and more, fused stem, EarRule's
  *   grid, fused_grid, capacity, fused_fit and flags, and whether the plain kernels at 2 ranks, at
  *   4 and more, and the fused kernel push into peers (1) or pull (0)): one row per family. */

@@ -44,7 +44,7 @@
 namespace ear {
 
 template <typename T, int N>
-__device__ __forceinline__ void lamport_body(const EarAllReduceParams& p) {
+__device__ __forceinline__ void oneshot_lamport_body(const EarAllReduceParams& p) {
   check_params<T, N>(p, EAR_LAMPORT_MAX_MSG(p.ws_max_bytes), /*any_block=*/true);
   const uint64_t* const our_abort = open_call<T>(p);
   const uint64_t vecs = vec_count<T>(p.count);
@@ -99,4 +99,4 @@ __device__ __forceinline__ void lamport_body(const EarAllReduceParams& p) {
 
 }  // namespace ear
 
-EAR_DEFINE_INSTANCES(EAR_DEFINE_KERNEL, oneshot_lamport, ear::lamport_body)
+EAR_DEFINE_INSTANCES(EAR_DEFINE_KERNEL, oneshot_lamport, ear::oneshot_lamport_body)

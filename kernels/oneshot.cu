@@ -39,7 +39,7 @@
 namespace ear {
 
 template <typename T, int N>
-__device__ __forceinline__ void oneshot_body(const EarAllReduceParams& p) {
+__device__ __forceinline__ void oneshot_barrier_body(const EarAllReduceParams& p) {
   check_params<T, N>(p, p.ws_max_bytes);
   const uint64_t* const our_abort = open_call<T>(p);
   const CallCounters c = begin_call(p, our_abort, next_barrier_call);
@@ -97,4 +97,4 @@ __device__ __forceinline__ void oneshot_body(const EarAllReduceParams& p) {
 
 }  // namespace ear
 
-EAR_DEFINE_INSTANCES(EAR_DEFINE_KERNEL, oneshot_barrier, ear::oneshot_body)
+EAR_DEFINE_INSTANCES(EAR_DEFINE_KERNEL, oneshot_barrier, ear::oneshot_barrier_body)

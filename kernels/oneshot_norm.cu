@@ -13,7 +13,7 @@
 namespace ear {
 
 template <typename T, int N>
-__device__ __forceinline__ void oneshot_norm_body(const EarFusedParams& p) {
+__device__ __forceinline__ void oneshot_barrier_norm_body(const EarFusedParams& p) {
   const uint32_t hv = row_vecs<T>(p.hidden);
   check_fused<T, N>(p, EAR_FUSED_STAGE_BYTES(p.tokens, p.hidden, sizeof(T)), p.ar.ws_max_bytes);
   const uint64_t* const our_abort = open_call<T>(p.ar, &p);
@@ -51,4 +51,4 @@ __device__ __forceinline__ void oneshot_norm_body(const EarFusedParams& p) {
 
 }  // namespace ear
 
-EAR_DEFINE_INSTANCES(EAR_DEFINE_FUSED_KERNEL, oneshot_barrier_norm, ear::oneshot_norm_body)
+EAR_DEFINE_INSTANCES(EAR_DEFINE_FUSED_KERNEL, oneshot_barrier_norm, ear::oneshot_barrier_norm_body)

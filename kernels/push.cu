@@ -67,7 +67,7 @@
 namespace ear {
 
 template <typename T, int N>
-__device__ __forceinline__ void push_body(const EarAllReduceParams& p) {
+__device__ __forceinline__ void push_staged_body(const EarAllReduceParams& p) {
   check_params<T, N>(p, EAR_PUSH_MAX_MSG(p.ws_max_bytes));
   const uint64_t* const our_abort = open_call<T>(p);
   const CallCounters c = begin_call(p, our_abort, next_barrier_call);
@@ -101,4 +101,4 @@ __device__ __forceinline__ void push_body(const EarAllReduceParams& p) {
 
 }  // namespace ear
 
-EAR_DEFINE_INSTANCES(EAR_DEFINE_KERNEL, push_staged, ear::push_body)
+EAR_DEFINE_INSTANCES(EAR_DEFINE_KERNEL, push_staged, ear::push_staged_body)

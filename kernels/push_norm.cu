@@ -15,7 +15,7 @@
 namespace ear {
 
 template <typename T, int N>
-__device__ __forceinline__ void push_norm_body(const EarFusedParams& p) {
+__device__ __forceinline__ void push_staged_norm_body(const EarFusedParams& p) {
   const uint32_t hv = row_vecs<T>(p.hidden);
   const uint64_t m = p.ar.ws_max_bytes;
   check_fused<T, N>(p, EAR_FUSED_STAGE_BYTES(p.tokens, p.hidden, sizeof(T)), EAR_PUSH_MAX_MSG(m));
@@ -55,4 +55,4 @@ __device__ __forceinline__ void push_norm_body(const EarFusedParams& p) {
 
 }  // namespace ear
 
-EAR_DEFINE_INSTANCES(EAR_DEFINE_FUSED_KERNEL, push_staged_norm, ear::push_norm_body)
+EAR_DEFINE_INSTANCES(EAR_DEFINE_FUSED_KERNEL, push_staged_norm, ear::push_staged_norm_body)

@@ -96,7 +96,7 @@ constexpr int kTwoShotBatch = N <= 4 ? 2 : 1;
 constexpr uint32_t kGatherLag = 1;
 
 template <typename T, int N>
-__device__ __forceinline__ void twoshot_body(const EarAllReduceParams& p) {
+__device__ __forceinline__ void twoshot_polled_body(const EarAllReduceParams& p) {
   check_params<T, N>(p, p.ws_max_bytes);
   const uint64_t* const our_abort = open_call<T>(p);
   const CallCounters c = begin_call(p, our_abort, next_barrier_call);
@@ -278,4 +278,4 @@ __device__ __forceinline__ void twoshot_body(const EarAllReduceParams& p) {
 
 }  // namespace ear
 
-EAR_DEFINE_INSTANCES(EAR_DEFINE_KERNEL, twoshot_polled, ear::twoshot_body)
+EAR_DEFINE_INSTANCES(EAR_DEFINE_KERNEL, twoshot_polled, ear::twoshot_polled_body)

@@ -30,7 +30,7 @@
 namespace ear {
 
 template <typename T, int N>
-__device__ __forceinline__ void twoshot_norm_body(const EarFusedParams& p) {
+__device__ __forceinline__ void twoshot_barrier_norm_body(const EarFusedParams& p) {
   const uint32_t hv = row_vecs<T>(p.hidden);
   const uint64_t m = p.ar.ws_max_bytes;
   check_fused<T, N>(p, EAR_FUSED_TWOSHOT_SEG_NEED(p.tokens, p.hidden, sizeof(T), N),
@@ -128,4 +128,4 @@ __device__ __forceinline__ void twoshot_norm_body(const EarFusedParams& p) {
 
 }  // namespace ear
 
-EAR_DEFINE_INSTANCES(EAR_DEFINE_FUSED_KERNEL, twoshot_barrier_norm, ear::twoshot_norm_body)
+EAR_DEFINE_INSTANCES(EAR_DEFINE_FUSED_KERNEL, twoshot_barrier_norm, ear::twoshot_barrier_norm_body)

@@ -53,7 +53,7 @@ constexpr uint32_t kWideLifo = 32;
 constexpr uint32_t kWideAll = kWideCopy | kWideBarrier1 | kWideReduce | kWideBarrier2 | kWideGather | kWideLifo;
 
 template <typename T, int N, uint32_t Opts = kWideAll>
-__device__ __forceinline__ void twoshot_wide_body(const EarAllReduceParams& p) {
+__device__ __forceinline__ void twoshot_barrier_body(const EarAllReduceParams& p) {
   check_params<T, N>(p, p.ws_max_bytes);
   const uint64_t* const our_abort = open_call<T>(p);
   const CallCounters c = begin_call(p, our_abort, next_barrier_call);
@@ -140,4 +140,4 @@ __device__ __forceinline__ void twoshot_wide_body(const EarAllReduceParams& p) {
 
 }  // namespace ear
 
-EAR_DEFINE_INSTANCES(EAR_DEFINE_KERNEL, twoshot_barrier, ear::twoshot_wide_body)
+EAR_DEFINE_INSTANCES(EAR_DEFINE_KERNEL, twoshot_barrier, ear::twoshot_barrier_body)

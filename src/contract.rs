@@ -76,18 +76,11 @@ pub const EAR_BLOCK_THREADS: u32 = 512;
 #[allow(dead_code)]
 pub const EAR_FUSED_MAX_THREADS: u32 = 512;
 
-/// `EarPlan::family`: the kernel families (`crate::launch::family::Family`), and the residual +
-/// RMSNorm kernel alone (after NCCL or a plain all-reduce, or one rank).
-pub const EAR_FAMILY_ONESHOT: i32 = 0;
-pub const EAR_FAMILY_TWOSHOT: i32 = 1;
-pub const EAR_FAMILY_LAMPORT: i32 = 2;
+/// `EarPlan::family` of the residual + RMSNorm kernel alone (after NCCL or a plain all-reduce, or
+/// one rank). The families' ids are their descriptions' (`crate::launch::family`, written into
+/// `kernels/ear_families.h` as `EAR_FAMILY_<NAME>`): none takes this one.
 #[allow(dead_code)] // ear_norm_plan_of sets it
 pub const EAR_FAMILY_NORM: i32 = 3;
-/// The staged push family (`kernels/push.cu`, `kernels/push_norm.cu`): peers are only written,
-/// never read, one outbound and one inbound peer per pass (N-1 passes), for PCIe, where peer
-/// writes are the fast and safe direction; messages up to `EAR_PUSH_MAX_MSG`. After
-/// `EAR_FAMILY_NORM`, which keeps its id.
-pub const EAR_FAMILY_PUSH: i32 = 4;
 
 /// `EarPlan::op`: the sum alone, or the fused residual (+ bias) + RMSNorm after it.
 pub const EAR_OP_ALLREDUCE: i32 = 0;

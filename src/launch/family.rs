@@ -1,19 +1,18 @@
 //! The kernel families, each described once ([`Family::describe`]): its name (in settings,
-//! tuning files and logs), its kernels and how they move data, its launch rules, and the files
-//! that define its kernels. Everything else derives from the description: the strategies a user
-//! may ask for (`crate::launch::strategy::Requested`), the tuning file's words, the exchange
-//! record's code, the kernels the loader asks for, and `kernels/ear_families.h`, from which the
-//! kernel simulations build their tables (a test below checks it is fresh). The rules are kinds
-//! the C side knows (`crate::contract::EarRule`): `ear_plan_of` in `kernels/allreduce_params.h`,
-//! called through `kernels/layout.c`, switches on them and never on a family.
+//! tuning files and logs), its id, its kernels and how they move data, its launch rules, and the
+//! files that define its kernels. Everything else derives from the description: the strategies a
+//! user may ask for (`crate::launch::strategy::Requested`), the tuning file's words, the exchange
+//! record's code, the kernels the loader asks for, and `kernels/ear_families.h` (ids, kernel
+//! stems, rules, sources), from which the kernel simulations build their tables (a test below
+//! checks it is fresh). The rules are kinds the C side knows (`crate::contract::EarRule`):
+//! `ear_plan_of` in `kernels/allreduce_params.h`, called through `kernels/layout.c`, switches on
+//! them and never on a family.
 //!
-//! Adding a family: its kernel file(s), its variant and description here, its tests, its line in
-//! docs/KERNELS.md.
+//! Adding a family: its kernel file, its variant and description here (then
+//! `EDGELLM_WRITE_GENERATED=1 cargo test` rewrites `kernels/ear_families.h`), its line in
+//! docs/KERNELS.md; docs/DESIGN.md ("Adding a family") says why nothing else changes.
 
-use crate::contract::{
-    EarCapacityRule, EarFlagsRule, EarFusedFitRule, EarFusedGridRule, EarGridRule, EarRule, EAR_FAMILY_LAMPORT,
-    EAR_FAMILY_ONESHOT, EAR_FAMILY_PUSH, EAR_FAMILY_TWOSHOT,
-};
+use crate::contract::{EarCapacityRule, EarFlagsRule, EarFusedFitRule, EarFusedGridRule, EarGridRule, EarRule};
 use crate::tensor::DataType;
 
 /// Rank counts the kernels are instantiated for (`EAR_FOR_EACH_RANK_COUNT`: a test checks).
@@ -64,7 +63,9 @@ pub enum Transport {
 pub(crate) struct Description {
     /// Its name in settings (`EDGELLM_ALLREDUCE_STRATEGY`, case-insensitive), tuning files and logs.
     pub name: &'static str,
-    /// `EarPlan::family` (`EAR_FAMILY_*`), also its code in the exchange record.
+    /// `EarPlan::family`, also its code in the exchange record; `EAR_FAMILY_<NAME>` in
+    /// `kernels/ear_families.h`. Ids run from 0 with no gap but `EAR_FAMILY_NORM`, which no family
+    /// takes (the simulations index their tables by id).
     pub id: i32,
     /// Stems of its plain kernels at 2 ranks and at 4 and more (`ear_<stem>_<t>_n<N>`).
     pub plain: [&'static str; 2],
@@ -82,7 +83,7 @@ pub(crate) struct Description {
 
 const ONESHOT: Description = Description {
     name: "oneshot",
-    id: EAR_FAMILY_ONESHOT,
+    id: 0,
     // Stage, one flag barrier, pull (oneshot.cu); the fused: one barrier (oneshot_norm.cu).
     plain: ["oneshot_barrier", "oneshot_barrier"],
     fused: "oneshot_barrier_norm",
@@ -99,7 +100,7 @@ const ONESHOT: Description = Description {
 
 const TWOSHOT: Description = Description {
     name: "twoshot",
-    id: EAR_FAMILY_TWOSHOT,
+    id: 1,
     // 2 ranks: data polled like Lamport's, above 8 MiB paced by per-chunk flags (twoshot.cu);
     // 4 and more: a local copy (or the input read in place), pulled between two flag barriers
     // (twoshot_wide.cu); the fused: pushed slices between two barriers (twoshot_norm.cu).
@@ -118,7 +119,7 @@ const TWOSHOT: Description = Description {
 
 const LAMPORT: Description = Description {
     name: "lamport",
-    id: EAR_FAMILY_LAMPORT,
+    id: 2,
     // Push, the payload its own flag: no barrier (lamport.cu, lamport_norm.cu).
     plain: ["oneshot_lamport", "oneshot_lamport"],
     fused: "oneshot_lamport_norm",
@@ -135,7 +136,7 @@ const LAMPORT: Description = Description {
 
 const PUSH: Description = Description {
     name: "push",
-    id: EAR_FAMILY_PUSH,
+    id: 4, // after EAR_FAMILY_NORM's 3
     // N-1 passes of remote stores and flag handoffs, then a local reduce (push.cu, push_norm.cu).
     plain: ["push_staged", "push_staged"],
     fused: "push_staged_norm",

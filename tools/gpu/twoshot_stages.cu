@@ -28,7 +28,7 @@ constexpr uint32_t kCopyB1RB2 = kCopyB1R | ear::kWideBarrier2;
 
 template <int N, uint32_t Opts>
 __global__ void __launch_bounds__(EAR_BLOCK_THREADS, 1) wide_variant(const __grid_constant__ EarAllReduceParams p) {
-  ear::twoshot_wide_body<__nv_bfloat16, N, Opts>(p);
+  ear::twoshot_barrier_body<__nv_bfloat16, N, Opts>(p);
 }
 __global__ void empty_rank(const EarAllReduceParams) {}
 

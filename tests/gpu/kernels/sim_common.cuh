@@ -1,7 +1,8 @@
 // sim_common.cuh: harness plumbing shared by sim_ranks.cu (plain all-reduce) and
-// sim_fused.cu (fused all-reduce + residual + RMSNorm): CUDA error/hang handling, the
-// dtype/family tables and plain kernel table, the input generator, PASS/FAIL reporting, and
-// the simulated communicator's ranks (SimRanks).
+// sim_fused.cu (fused all-reduce + residual + RMSNorm) and sim_faults.cu (bounded waits): CUDA
+// error/hang handling, the dtype tables, the family tables and kernel tables (from
+// kernels/ear_families.h), the input generator, PASS/FAIL reporting, and the simulated
+// communicator's ranks (SimRanks).
 // Included once per harness translation unit (everything here is static or inline).
 #pragma once
 
@@ -57,24 +58,34 @@ static void wait_stream(cudaStream_t s) {
   }
 }
 
-// TWOSHOT is the 2-rank two-shot (twoshot.cu), WIDE the 4+ rank one (twoshot_wide.cu); both
-// run at every N here. PUSH: the staged push (push.cu).
-enum Fam { ONESHOT = 0, TWOSHOT = 1, LAMPORT = 2, WIDE = 3, PUSH = 4 };
-constexpr int kFams = 5;
+// The simulated plain kernels, a slot each, every family's from kernels/ear_families.h: a
+// family's slot is its id and runs its 2-rank kernel at every N (the 2-rank two-shot too). The
+// slot of EAR_FAMILY_NORM, an id no family has, runs the 4+ rank two-shot (twoshot_wide.cu) at
+// every N: the cases keep their order, and so their names, which the GPU runs are compared by.
+// The sweeps go over every slot; these names are for the cases written by hand.
+enum Fam : int {
+  ONESHOT = EAR_FAMILY_ONESHOT,
+  TWOSHOT = EAR_FAMILY_TWOSHOT,
+  LAMPORT = EAR_FAMILY_LAMPORT,
+  WIDE = EAR_FAMILY_NORM,
+  PUSH = EAR_FAMILY_PUSH
+};
+#define EAR_SIM_ONE_(...) +1
+constexpr int kFams = 1 EAR_FOR_EACH_FAMILY(EAR_SIM_ONE_);  // the families and WIDE
+#undef EAR_SIM_ONE_
 enum Dt { F32 = 0, F16 = 1, BF16 = 2 };
-static const char* kFamName[] = {"oneshot", "twoshot", "lamport", "twoshot_wide", "push"};
-static bool is_twoshot(int fam) { return fam == TWOSHOT || fam == WIDE; }
-// The library's family id of a simulated plain family (the launch plan's EAR_FAMILY_*).
-static int32_t plan_family(int fam) {
-  if (fam == LAMPORT) return EAR_FAMILY_LAMPORT;
-  if (fam == PUSH) return EAR_FAMILY_PUSH;
-  return is_twoshot(fam) ? EAR_FAMILY_TWOSHOT : EAR_FAMILY_ONESHOT;
-}
-// Every family of the library is simulated: one the library adds fails this build until the
-// simulations have it (Fam here, sim_fused.cu's FFam, sim_faults.cu's Kind).
-#define EAR_SIM_COUNT_(...) +1
-static_assert(0 EAR_FOR_EACH_FAMILY(EAR_SIM_COUNT_) == 4, "a family the simulations do not have yet");
-#undef EAR_SIM_COUNT_
+// The library's family id of a plain slot (the launch plan's EarPlan::family).
+static int32_t plan_family(int fam) { return fam == WIDE ? TWOSHOT : fam; }
+
+constexpr bool sim_same(const char* a, const char* b) { return *a == *b && (*a == '\0' || sim_same(a + 1, b + 1)); }
+// Ids index the tables (the library's tests check them too); only the two-shot has a kernel of
+// its own at 4 and more ranks, which WIDE simulates.
+#define EAR_SIM_CHECK_(name, id, plain2, plainwide, ...)                                              \
+  static_assert(id >= 0 && id < kFams && id != WIDE, #name ": ids run from 0 with no gap but EAR_FAMILY_NORM's"); \
+  static_assert(id == TWOSHOT || sim_same(#plain2, #plainwide),                                     \
+                #name ": a kernel of its own at 4 and more ranks: give it a slot as WIDE is the two-shot's");
+EAR_FOR_EACH_FAMILY(EAR_SIM_CHECK_)
+#undef EAR_SIM_CHECK_
 
 // The launch rules of the library's family `id` (EAR_FAMILY_*), from its description.
 static EarRule sim_rule(int32_t id) {
@@ -119,24 +130,51 @@ static int n_index(int n) {
   std::_Exit(2);
 }
 
-// The five rank counts of one extern "C" kernel family and type: ear_<fam>_<t>_n<N>.
-#define EAR_ROW(fam, t) \
-  {(const void*)ear_##fam##_##t##_n2, (const void*)ear_##fam##_##t##_n4, \
-   (const void*)ear_##fam##_##t##_n6, (const void*)ear_##fam##_##t##_n8, \
-   (const void*)ear_##fam##_##t##_n16}
+// The five rank counts of one extern "C" kernel and type: ear_<stem>_<t>_n<N>; every type.
+#define EAR_ROW(stem, t) \
+  {(const void*)ear_##stem##_##t##_n2, (const void*)ear_##stem##_##t##_n4, \
+   (const void*)ear_##stem##_##t##_n6, (const void*)ear_##stem##_##t##_n8, \
+   (const void*)ear_##stem##_##t##_n16}
+#define EAR_ROWS(stem) {EAR_ROW(stem, f32), EAR_ROW(stem, f16), EAR_ROW(stem, bf16)}
 // The same for a harness template KERNEL<T, N, FAM> (the all-ranks-in-one-launch kernels).
 #define SIM_ROW(KERNEL, FAM, T) \
   {(const void*)KERNEL<T, 2, FAM>, (const void*)KERNEL<T, 4, FAM>, (const void*)KERNEL<T, 6, FAM>, \
    (const void*)KERNEL<T, 8, FAM>, (const void*)KERNEL<T, 16, FAM>}
 #define SIM_TABLE_ROW(KERNEL, FAM) \
   {SIM_ROW(KERNEL, FAM, float), SIM_ROW(KERNEL, FAM, __half), SIM_ROW(KERNEL, FAM, __nv_bfloat16)}
-static const void* kKernels[kFams][3][5] = {
-    {EAR_ROW(oneshot_barrier, f32), EAR_ROW(oneshot_barrier, f16), EAR_ROW(oneshot_barrier, bf16)},
-    {EAR_ROW(twoshot_polled, f32), EAR_ROW(twoshot_polled, f16), EAR_ROW(twoshot_polled, bf16)},
-    {EAR_ROW(oneshot_lamport, f32), EAR_ROW(oneshot_lamport, f16), EAR_ROW(oneshot_lamport, bf16)},
-    {EAR_ROW(twoshot_barrier, f32), EAR_ROW(twoshot_barrier, f16), EAR_ROW(twoshot_barrier, bf16)},
-    {EAR_ROW(push_staged, f32), EAR_ROW(push_staged, f16), EAR_ROW(push_staged, bf16)},
+// A kernel of every type (F32, F16, BF16) and rank count (n_index).
+using KernelRow = const void* [3][5];
+static void sim_fill(KernelRow& dst, const void* const (&src)[3][5]) { std::memcpy(dst, src, sizeof dst); }
+
+// By slot: names and plain kernels; by family id: fused kernels and their names (none at
+// EAR_FAMILY_NORM, the norm kernel alone).
+struct SimTables {
+  const char* name[kFams];
+  KernelRow plain[kFams];
+  const char* fused_name[kFams];
+  KernelRow fused[kFams];
 };
+static const SimTables kSim = [] {
+  SimTables t{};
+#define EAR_SIM_TABLES_(name_, id, plain2, plainwide, fused_, ...) \
+  t.name[id] = #name_;                                              \
+  sim_fill(t.plain[id], EAR_ROWS(plain2));                          \
+  t.fused_name[id] = #name_ "_norm";                                \
+  sim_fill(t.fused[id], EAR_ROWS(fused_));                          \
+  if (id == TWOSHOT) {                                              \
+    t.name[WIDE] = #name_ "_wide";                                  \
+    sim_fill(t.plain[WIDE], EAR_ROWS(plainwide));                   \
+  }
+  EAR_FOR_EACH_FAMILY(EAR_SIM_TABLES_)
+#undef EAR_SIM_TABLES_
+  return t;
+}();
+static const auto& kFamName = kSim.name;
+static const auto& kKernels = kSim.plain;
+static const auto& kFusedKernels = kSim.fused;
+
+// The largest plain message of slot `fam` in workspaces made for m bytes (its capacity rule).
+static uint64_t sim_max_msg(int fam, uint64_t m) { return ear_max_msg_of(sim_rule(plan_family(fam)).capacity, m); }
 
 // ---------------------------------------------------------------------------------------
 // Inputs: bit patterns from a hash of (seed, rank, index). Values are +-[2^-4, 2^4) with

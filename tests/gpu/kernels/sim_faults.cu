@@ -1,9 +1,9 @@
 // sim_faults.cu: the bounded waits of every kernel family (kernels/wait.cuh) on N simulated
 // ranks on ONE GPU (sim_common.cuh: N zero-filled workspaces and state blocks, a stream per
 // rank, grids capped so all ranks are co-resident), each rank with its own fault word in mapped
-// host memory. For each family (plain one-shot, two-shot polled and paced, Lamport, staged push;
-// fused one-shot, two-shot, Lamport, push; the one-shot and two-shot with inputs read in place)
-// and N in {2, 4}, each case on a fresh group:
+// host memory. For each family of kernels/ear_families.h (plain, fused; the two-shot also paced;
+// those that exchange pointers also with inputs read in place: kinds()) and N in {2, 4}, each
+// case on a fresh group:
 //   skip      every rank but the last launches, with a 50 ms bound: each one ends (no hang)
 //             with a fault recorded (TIMEOUT, or ABORTED where a peer's abort came first; at
 //             least one TIMEOUT) and its outputs all NaN (wait.cuh: a failed call poisons
@@ -29,46 +29,48 @@
 
 namespace {
 
-// *_IN_PLACE: the ranks exchange pointers and read each other's inputs in place
-// (EAR_CALL_POINTERS | EAR_CALL_INPUT_SHARED: the 4+ rank one-shot's end barrier, the two-shot's
-// reads of peers' inputs; at 2 ranks the kernels copy).
-enum Kind {
-  K_ONESHOT, K_TWOSHOT, K_TWOSHOT_PACED, K_LAMPORT, K_PUSH, K_ONESHOT_NORM, K_TWOSHOT_NORM, K_LAMPORT_NORM,
-  K_PUSH_NORM, K_ONESHOT_IN_PLACE, K_TWOSHOT_IN_PLACE, K_LAST = K_TWOSHOT_IN_PLACE
+// A case's kernel: a plain one (fam: its sim_common.cuh slot) or a fused one (fam: its family's
+// id), for every family of kernels/ear_families.h; the two-shot also paced (above 8 MiB); the
+// families whose flags rule exchanges pointers also with the ranks reading each other's inputs
+// in place (EAR_CALL_POINTERS | EAR_CALL_INPUT_SHARED: the 4+ rank one-shot's end barrier, the
+// two-shot's reads of peers' inputs; at 2 ranks the kernels copy).
+struct Kind {
+  const char* name;
+  int fam;
+  bool fused, paced, in_place;
 };
-const char* kKindName[] = {"oneshot",      "twoshot",      "twoshot paced", "lamport",   "push",
-                           "oneshot_norm", "twoshot_norm", "lamport_norm",  "push_norm", "oneshot in place",
-                           "twoshot in place"};
-
-// The fused kinds, from K_ONESHOT_NORM on: their kernels and the library's family ids.
-const void* kFusedBf16[4][5] = {EAR_ROW(oneshot_barrier_norm, bf16), EAR_ROW(twoshot_barrier_norm, bf16),
-                                EAR_ROW(oneshot_lamport_norm, bf16), EAR_ROW(push_staged_norm, bf16)};
-const int32_t kFusedFamily[4] = {EAR_FAMILY_ONESHOT, EAR_FAMILY_TWOSHOT, EAR_FAMILY_LAMPORT, EAR_FAMILY_PUSH};
+std::vector<Kind> kinds() {
+  std::vector<Kind> ks;
+#define EAR_SIM_PLAIN_(name, id, ...)             \
+  ks.push_back({#name, id, false, false, false}); \
+  if (id == TWOSHOT) ks.push_back({#name " paced", id, false, true, false});
+  EAR_FOR_EACH_FAMILY(EAR_SIM_PLAIN_)
+#undef EAR_SIM_PLAIN_
+#define EAR_SIM_FUSED_(name, id, ...) ks.push_back({#name "_norm", id, true, false, false});
+  EAR_FOR_EACH_FAMILY(EAR_SIM_FUSED_)
+#undef EAR_SIM_FUSED_
+#define EAR_SIM_IN_PLACE_(name, id, plain2, plainwide, fused, grid, fgrid, cap, fit, flags, ...) \
+  if (flags != EAR_FLAGS_RULE_NONE) ks.push_back({#name " in place", id, false, false, true});
+  EAR_FOR_EACH_FAMILY(EAR_SIM_IN_PLACE_)
+#undef EAR_SIM_IN_PLACE_
+  return ks;
+}
 
 constexpr uint64_t kTokens = 4;
 constexpr uint32_t kHidden = 4096;
+constexpr uint64_t kWsMax = 16u << 20;
 
-bool fused(Kind k) { return k >= K_ONESHOT_NORM && k <= K_PUSH_NORM; }
-
-// The simulated plain family (sim_common.cuh) of a kind that is not fused.
-int plain_fam(Kind k) {
-  switch (k) {
-    case K_LAMPORT: return LAMPORT;
-    case K_PUSH: return PUSH;
-    case K_ONESHOT:
-    case K_ONESHOT_IN_PLACE: return ONESHOT;
-    default: return TWOSHOT;
+// Elements of one call (bf16); a plain kind's by its family's capacity rule (a new kind of rule
+// fails this switch's build).
+uint64_t count_of(const Kind& k) {
+  if (k.paced) return (9u << 20) / 2;  // 9 MiB: paced by per-chunk flags
+  if (k.fused) return kTokens * kHidden;
+  switch (sim_rule(plan_family(k.fam)).capacity) {
+    case EAR_CAPACITY_RULE_WORKSPACE: return 16384;
+    case EAR_CAPACITY_RULE_LAMPORT: return 512;  // a small message, what Lamport serves
+    case EAR_CAPACITY_RULE_PUSH: return sim_max_msg(k.fam, kWsMax) / 2;  // its largest: several vectors per thread
   }
-}
-
-// Elements of one call (bf16).
-uint64_t count_of(Kind k) {
-  switch (k) {
-    case K_TWOSHOT_PACED: return (9u << 20) / 2;  // 9 MiB: paced by per-chunk flags
-    case K_LAMPORT: return 512;
-    case K_PUSH: return (1u << 20) / 2;  // the largest push message: several vectors per thread
-    default: return fused(k) ? kTokens * kHidden : 16384;
-  }
+  return 0;
 }
 
 struct FaultSim : SimRanks {
@@ -80,7 +82,7 @@ struct FaultSim : SimRanks {
 
   void init(int nranks) {
     const uint64_t bytes = 10u << 20;
-    init_ranks(nranks, 16u << 20, bytes, false);
+    init_ranks(nranks, kWsMax, bytes, false);
     for (int r = 0; r < n; ++r) {
       CK(cudaMalloc(&in[r], bytes));
       CK(cudaMalloc(&out[r], bytes));
@@ -105,7 +107,7 @@ struct FaultSim : SimRanks {
   }
   // Rank r's inputs: every element 1.0 * (r + 1); outputs hold a marker (0x1111: a bf16 number,
   // neither the sum nor NaN).
-  void fill(Kind k) {
+  void fill(const Kind& k) {
     const uint64_t c = count_of(k);
     for (int r = 0; r < n; ++r) {
       const float value = static_cast<float>(r + 1);
@@ -130,7 +132,7 @@ struct FaultSim : SimRanks {
     return v;
   }
   // Launches rank r's call of kind k on its stream, bound `timeout_ns`.
-  void launch(Kind k, int r, uint64_t timeout_ns) {
+  void launch(const Kind& k, int r, uint64_t timeout_ns) {
     const uint64_t c = count_of(k);
     const int ni = n_index(n);
     EarFusedParams f;
@@ -139,21 +141,20 @@ struct FaultSim : SimRanks {
     for (int q = 0; q < n; ++q) p.peer_ws[q] = ws[q];
     p.state = state[r];
     p.input = in[r];
-    p.output = fused(k) ? nullptr : out[r];
+    p.output = k.fused ? nullptr : out[r];
     p.count = c;
     p.ws_max_bytes = ws_max;
     p.rank = r;
     p.nranks = n;
     bound_waits(p, r);
     p.timeout_ns = timeout_ns;
-    if (!fused(k)) {
-      const int fam = plain_fam(k);
+    if (!k.fused) {
       // The inputs read in place: the pointer exchange, every input reachable (one device).
-      const bool shares = k == K_ONESHOT_IN_PLACE || k == K_TWOSHOT_IN_PLACE;
-      const EarPlan plan = sim_plan(plan_family(fam), EAR_OP_ALLREDUCE, c, 0, 0, 2, n, grid_cap(),
+      const bool shares = k.in_place;
+      const EarPlan plan = sim_plan(plan_family(k.fam), EAR_OP_ALLREDUCE, c, 0, 0, 2, n, grid_cap(),
                                     sim_facts(shares, p.input == p.output, shares));
       p.flags = plan.flags;
-      launch_kernel(kKernels[fam][BF16][ni], dim3(plan.grid), dim3(plan.block), st[r], false, &p);
+      launch_kernel(kKernels[k.fam][BF16][ni], dim3(plan.grid), dim3(plan.block), st[r], false, &p);
       return;
     }
     f.residual = residual;
@@ -163,24 +164,23 @@ struct FaultSim : SimRanks {
     f.tokens = kTokens;
     f.hidden = kHidden;
     f.eps = 1e-6f;
-    const int fam = k - K_ONESHOT_NORM;
     const EarPlan plan =
-        sim_plan(kFusedFamily[fam], EAR_OP_RESIDUAL_RMSNORM, kTokens * kHidden, kTokens, kHidden, 2, n, grid_cap());
-    launch_kernel(kFusedBf16[fam][ni], dim3(plan.grid), dim3(plan.block), st[r], false, &f);
+        sim_plan(k.fam, EAR_OP_RESIDUAL_RMSNORM, kTokens * kHidden, kTokens, kHidden, 2, n, grid_cap());
+    launch_kernel(kFusedKernels[k.fam][BF16][ni], dim3(plan.grid), dim3(plan.block), st[r], false, &f);
   }
   // Whether every byte of rank r's outputs (residual_out and normed for the fused kinds) is
   // 0xFF: NaN everywhere, what a call that failed leaves.
-  bool poisoned(Kind k, int r) {
+  bool poisoned(const Kind& k, int r) {
     std::vector<uint8_t> h(count_of(k) * 2);
     bool all = true;
-    for (void* o : {out[r], fused(k) ? normed[r] : out[r]}) {
+    for (void* o : {out[r], k.fused ? normed[r] : out[r]}) {
       CK(cudaMemcpy(h.data(), o, h.size(), cudaMemcpyDeviceToHost));
       all &= std::all_of(h.begin(), h.end(), [](uint8_t b) { return b == 0xff; });
     }
     return all;
   }
   // Whether rank r's output (residual_out: the residual is zero) is 1 + 2 + ... + n everywhere.
-  bool summed(Kind k, int r) {
+  bool summed(const Kind& k, int r) {
     std::vector<uint16_t> h(count_of(k));
     CK(cudaMemcpy(h.data(), out[r], h.size() * 2, cudaMemcpyDeviceToHost));
     const float want = n * (n + 1) / 2.0f;
@@ -198,10 +198,10 @@ void sync_all(FaultSim& s) {
   for (int r = 0; r < s.n; ++r) wait_stream(s.st[r]);
 }
 
-void run(Kind k, int n, bool serialized) {
+void run(const Kind& k, int n, bool serialized) {
   const uint64_t bound = 50'000'000;  // 50 ms
   char name[96];
-  std::snprintf(name, sizeof name, "%s n%d", kKindName[k], n);
+  std::snprintf(name, sizeof name, "%s n%d", k.name, n);
   {
     g_case = std::string(name) + " skip";
     FaultSim s;
@@ -271,7 +271,7 @@ int main(int argc, char** argv) {
   SimOptions opt;
   if (!sim_start(argc, argv, &opt)) return 2;
   for (int n : {2, 4})
-    for (int k = K_ONESHOT; k <= K_LAST; ++k) run(static_cast<Kind>(k), n, opt.one_launch);
+    for (const Kind& k : kinds()) run(k, n, opt.one_launch);
   std::printf("%d passed, %d failed\n", g_pass, g_fail);
   return g_fail == 0 ? 0 : 1;
 }

@@ -25,15 +25,21 @@
 
 #include "../../../kernels/rmsnorm.cu"
 
-// F_*: the fused kernels (and the norm kernel alone), numbered as the library's family ids; P_*:
-// the plain all-reduce of a family, for the graph test and the timings.
-enum FFam { F_ONESHOT = 0, F_TWOSHOT = 1, F_LAMPORT = 2, F_NORM = 3, F_PUSH = 4, P_ONESHOT = 5,
-            P_TWOSHOT = 6, P_LAMPORT = 7, P_PUSH = 8 };
-static_assert(F_ONESHOT == EAR_FAMILY_ONESHOT && F_TWOSHOT == EAR_FAMILY_TWOSHOT &&
-                  F_LAMPORT == EAR_FAMILY_LAMPORT && F_NORM == EAR_FAMILY_NORM && F_PUSH == EAR_FAMILY_PUSH,
-              "F_* are the library's family ids");
-static const char* kFFamName[] = {"oneshot_norm", "twoshot_norm", "lamport_norm", "residual_rmsnorm", "push_norm",
-                                  "oneshot",      "twoshot",      "lamport",      "push"};
+// F_*: a family's fused kernel, at its id, and the norm kernel alone at EAR_FAMILY_NORM (F_* are
+// the library's EarPlan::family); P_*: kFams + a family's id, its plain all-reduce (sim_common.cuh's
+// slot), for the graph test and the timings. The sweeps go over every F_* (every family of
+// kernels/ear_families.h); these names are for the cases written by hand.
+enum FFam : int {
+  F_ONESHOT = ONESHOT,
+  F_TWOSHOT = TWOSHOT,
+  F_LAMPORT = LAMPORT,
+  F_NORM = EAR_FAMILY_NORM,
+  F_PUSH = PUSH,
+  P_ONESHOT = kFams + ONESHOT,
+  P_TWOSHOT = kFams + TWOSHOT,
+  P_LAMPORT = kFams + LAMPORT,
+  P_PUSH = kFams + PUSH
+};
 // residual_out: relative to the sum of |terms|; normed: relative to |ref| (floor: T's
 // smallest normal). f16/bf16 are dominated by the final rounding (2^-11, 2^-8 relative).
 static const double kTolRes[] = {1e-5, 2e-3, 1e-2};
@@ -41,44 +47,41 @@ static const double kTolNorm[] = {5e-5, 1.5e-3, 8e-3};
 static const double kMinNormal[] = {1.1754943508222875e-38, 6.103515625e-05, 1.1754943508222875e-38};
 constexpr uint32_t kTagRes = 100, kTagBias = 101, kTagGamma = 102;
 
-static bool is_plain(int fam) { return fam >= P_ONESHOT; }
-// The simulated plain family (sim_common.cuh's Fam) of a P_* family.
-static int plain_fam(int fam) {
-  static const int fams[] = {ONESHOT, TWOSHOT, LAMPORT, PUSH};
-  return fams[fam - P_ONESHOT];
-}
+static bool is_plain(int fam) { return fam >= kFams; }
+// The simulated plain slot (sim_common.cuh) of a P_* family.
+static int plain_fam(int fam) { return fam - kFams; }
 // The P_* family of a fused one.
-static int plain_of(int fam) { return fam == F_PUSH ? P_PUSH : P_ONESHOT + fam; }
+static int plain_of(int fam) { return kFams + fam; }
+static const char* ffam_name(int fam) {
+  return is_plain(fam) ? kFamName[plain_fam(fam)] : fam == F_NORM ? "residual_rmsnorm" : kSim.fused_name[fam];
+}
 
-// Indexed by F_*; row F_NORM is empty (kNormKernels).
-static const void* kFused[F_PUSH + 1][3][5] = {
-    {EAR_ROW(oneshot_barrier_norm, f32), EAR_ROW(oneshot_barrier_norm, f16), EAR_ROW(oneshot_barrier_norm, bf16)},
-    {EAR_ROW(twoshot_barrier_norm, f32), EAR_ROW(twoshot_barrier_norm, f16), EAR_ROW(twoshot_barrier_norm, bf16)},
-    {EAR_ROW(oneshot_lamport_norm, f32), EAR_ROW(oneshot_lamport_norm, f16), EAR_ROW(oneshot_lamport_norm, bf16)},
-    {},
-    {EAR_ROW(push_staged_norm, f32), EAR_ROW(push_staged_norm, f16), EAR_ROW(push_staged_norm, bf16)},
-};
 static const void* kNormKernels[3] = {(const void*)ear_residual_rmsnorm_f32,
                                       (const void*)ear_residual_rmsnorm_f16,
                                       (const void*)ear_residual_rmsnorm_bf16};
 
-// All ranks in one launch: blockIdx.y is the rank, params come from device memory.
+// All ranks in one launch: blockIdx.y is the rank, params come from device memory. A family's
+// body is its fused kernel stem's (ear::<stem>_body).
 template <typename T, int N, int FAM>
 __global__ void __launch_bounds__(EAR_FUSED_MAX_THREADS, 1)
     sim_fused_all(const EarFusedParams* __restrict__ ps) {
   const EarFusedParams& p = ps[blockIdx.y];
-  if constexpr (FAM == F_ONESHOT) ear::oneshot_norm_body<T, N>(p);
-  if constexpr (FAM == F_TWOSHOT) ear::twoshot_norm_body<T, N>(p);
-  if constexpr (FAM == F_LAMPORT) ear::lamport_norm_body<T, N>(p);
-  if constexpr (FAM == F_PUSH) ear::push_norm_body<T, N>(p);
+#define EAR_SIM_BODY_(name, id, plain2, plainwide, fused, ...) \
+  if constexpr (FAM == id) ear::fused##_body<T, N>(p);
+  EAR_FOR_EACH_FAMILY(EAR_SIM_BODY_)
+#undef EAR_SIM_BODY_
 }
-static const void* kSimFused[F_PUSH + 1][3][5] = {
-    SIM_TABLE_ROW(sim_fused_all, F_ONESHOT),
-    SIM_TABLE_ROW(sim_fused_all, F_TWOSHOT),
-    SIM_TABLE_ROW(sim_fused_all, F_LAMPORT),
-    {},
-    SIM_TABLE_ROW(sim_fused_all, F_PUSH),
+// By F_*; none at F_NORM (kNormKernels).
+struct SimFused {
+  KernelRow k[kFams];
 };
+static const SimFused kSimFused = [] {
+  SimFused t{};
+#define EAR_SIM_ONE_LAUNCH_(name, id, ...) sim_fill(t.k[id], SIM_TABLE_ROW(sim_fused_all, id));
+  EAR_FOR_EACH_FAMILY(EAR_SIM_ONE_LAUNCH_)
+#undef EAR_SIM_ONE_LAUNCH_
+  return t;
+}();
 
 // ---------------------------------------------------------------------------------------
 // Inputs. Normal mode: gen_bits (+-[2^-4, 2^4), 1/32 signed zeros). Special mode: in one row
@@ -317,16 +320,9 @@ struct FSim : SimRanks {
   bool fits(int fam, int dt, uint64_t tokens, uint32_t hidden) const {
     const uint64_t es = kElemSize[dt];
     if (tokens * hidden * es > buf_max || (!is_plain(fam) && hidden > hid_max)) return false;
-    switch (fam) {
-      case F_ONESHOT: return EAR_FUSED_ONESHOT_FITS(tokens, hidden, es, ws_max);
-      case F_TWOSHOT: return EAR_FUSED_TWOSHOT_FITS(tokens, hidden, es, ws_max, (uint64_t)n);
-      case F_LAMPORT: return EAR_FUSED_LAMPORT_FITS(tokens, hidden, es, ws_max);
-      case F_PUSH: return EAR_FUSED_PUSH_FITS(tokens, hidden, es, ws_max);
-      case F_NORM: return true;
-      case P_LAMPORT: return tokens * hidden * es <= EAR_LAMPORT_MAX_MSG(ws_max);
-      case P_PUSH: return tokens * hidden * es <= EAR_PUSH_MAX_MSG(ws_max);
-      default: return tokens * hidden * es <= ws_max;
-    }
+    if (fam == F_NORM) return true;
+    if (is_plain(fam)) return tokens * hidden * es <= sim_max_msg(plain_fam(fam), ws_max);
+    return ear_fused_fits_of(sim_rule(fam).fused_fit, tokens, hidden, static_cast<uint32_t>(es), ws_max, n);
   }
   // The library's launch plan of a call (ear_plan_of on the family's rule; the norm kernel's
   // alone for F_NORM): F_* are the library's family ids.
@@ -370,7 +366,7 @@ struct FSim : SimRanks {
     EarFusedParams p = params(c, r);
     const void* k = c.fam == F_NORM      ? kNormKernels[c.dt]
                     : is_plain(c.fam)    ? kKernels[plain_fam(c.fam)][c.dt][n_index(n)]
-                                         : kFused[c.fam][c.dt][n_index(n)];
+                                         : kFusedKernels[c.fam][c.dt][n_index(n)];
     launch_kernel(k, dim3(c.grid), dim3(block_rule(c)), s, c.pdl,
                   is_plain(c.fam) ? static_cast<void*>(&p.ar) : static_cast<void*>(&p));
   }
@@ -383,7 +379,7 @@ struct FSim : SimRanks {
     CK(cudaMemcpy(slot, ps.data(), sizeof(EarFusedParams) * n, cudaMemcpyHostToDevice));
     const EarFusedParams* dp = slot;
     const dim3 block(plan(c).block);
-    launch_kernel(kSimFused[c.fam][c.dt][n_index(n)], dim3(c.grid, n), block, s, /*pdl=*/false, &dp);
+    launch_kernel(kSimFused.k[c.fam][c.dt][n_index(n)], dim3(c.grid, n), block, s, /*pdl=*/false, &dp);
   }
   void run(const Call& c) {
     if (c.fam == F_NORM) {
@@ -548,7 +544,7 @@ static std::string describe(const CheckResult& h, int cpu_bad, const Verdict& v)
 static void run_case(FSim& s, Call c, uint64_t seed, bool special) {
   char name[256];
   std::snprintf(name, sizeof(name), "%s %s n%d tokens=%llu hidden=%u%s %s grid=%d%s%s",
-                kFFamName[c.fam], kDtName[c.dt], c.fam == F_NORM ? 1 : s.n,
+                ffam_name(c.fam), kDtName[c.dt], c.fam == F_NORM ? 1 : s.n,
                 (unsigned long long)c.tokens, c.hidden, c.bias ? " bias" : "",
                 c.inplace ? "inplace" : "outofplace", c.grid, c.pdl ? " pdl" : "",
                 special ? " special(-0/NaN/Inf)" : "");
@@ -596,6 +592,11 @@ static void graph_test(FSim& s, int dt, int replays) {
       {P_ONESHOT, dt, 1, 999, false, false, true, 0, 0, 0, -1},
       {F_PUSH, dt, 64, 2048, false, false, true, 0, 0, 1e-5f, -1},
   };
+  // A family no call above names gets a fused and a plain call: a new family is in this test too.
+  for (int fam = 0; fam < kFams; ++fam)
+    for (int f : {fam, plain_of(fam)})
+      if (fam != F_NORM && std::none_of(calls.begin(), calls.end(), [&](const Call& c) { return c.fam == f; }))
+        calls.push_back({f, dt, 4, 1024, true, false, true, 0, 0, 1e-5f, -1});
   uint64_t used = 0;
   for (auto& c : calls) {
     if (!s.fits(c.fam, dt, c.tokens, c.hidden)) {
@@ -649,7 +650,7 @@ static void graph_test(FSim& s, int dt, int replays) {
           if (!v.ok) {
             ok = false;
             std::printf("  replay %d call %zu (%s tokens=%llu hidden=%u) wrong: %s\n", it, k,
-                        kFFamName[calls[k].fam], (unsigned long long)calls[k].tokens,
+                        ffam_name(calls[k].fam), (unsigned long long)calls[k].tokens,
                         calls[k].hidden, describe(h, 0, v).c_str());
           }
           worst_res = std::max(worst_res, v.err_res);
@@ -695,7 +696,7 @@ static float time_calls(FSim& s, const std::vector<Call>& seq) {
 static void time_case(FSim& s, int fam, int dt, uint64_t tokens, uint32_t hidden) {
   if (!s.fits(fam, dt, tokens, hidden)) return;
   char name[160];
-  std::snprintf(name, sizeof(name), "time %s %s n%d %llux%u", kFFamName[fam], kDtName[dt], s.n,
+  std::snprintf(name, sizeof(name), "time %s %s n%d %llux%u", ffam_name(fam), kDtName[dt], s.n,
                 (unsigned long long)tokens, hidden);
   g_case = name;
   Call fused{fam, dt, tokens, hidden, true, false, true, 0, 0, 1e-5f, -1};
@@ -707,8 +708,8 @@ static void time_case(FSim& s, int fam, int dt, uint64_t tokens, uint32_t hidden
   const float a = time_calls(s, {fused});
   const float b = time_calls(s, {plain, norm});
   std::printf("TIME %-13s %-4s n%-2d %4llu x %-5u  fused %7.2f us   %s + residual_rmsnorm %7.2f us  (graph replay median, %d ranks on one GPU)\n",
-              kFFamName[fam], kDtName[dt], s.n, (unsigned long long)tokens, hidden, a,
-              kFFamName[plain_of(fam)], b, s.n);
+              ffam_name(fam), kDtName[dt], s.n, (unsigned long long)tokens, hidden, a,
+              ffam_name(plain_of(fam)), b, s.n);
   std::fflush(stdout);
 }
 
@@ -749,7 +750,7 @@ int main(int argc, char** argv) {
           if (reduced && hidden != 4096 && hidden != 1001 && hidden != 16384) continue;
           if (dt == F32 && hidden != 1000 && hidden != 4096 && hidden != 7 && hidden != 20480) continue;
           const bool small = tokens * hidden <= 128u * 4096u;
-          for (int fam = 0; fam <= F_PUSH; ++fam) {
+          for (int fam = 0; fam < kFams; ++fam) {
             if (fam == F_NORM && n != ns[0]) continue;  // rank-less: once
             if (!s.fits(fam, dt, tokens, hidden)) continue;
             const int variants = small ? 4 : 1;
@@ -771,7 +772,7 @@ int main(int argc, char** argv) {
     }
     // -0.0 / NaN / Inf in x, residual (and +-0 in everything).
     for (int dt : {BF16, F16})
-      for (int fam = 0; fam <= F_PUSH; ++fam) {
+      for (int fam = 0; fam < kFams; ++fam) {
         if (fam == F_NORM && n != ns[0]) continue;
         const std::vector<std::pair<uint64_t, uint32_t>> shapes = {{16, 4096}, {3, 1001}, {1, 20480}};
         for (const auto& th : shapes) {
@@ -790,9 +791,11 @@ int main(int argc, char** argv) {
     }
     s.check_twoshot_areas();
     if (timing && !quick && !one_launch && !reduced) {
-      for (int fam : {F_ONESHOT, F_TWOSHOT, F_LAMPORT, F_PUSH})
+      for (int fam = 0; fam < kFams; ++fam) {
+        if (fam == F_NORM) continue;
         for (uint32_t hidden : {4096u, 8192u})
           for (uint64_t tokens : {1u, 8u, 32u, 128u}) time_case(s, fam, BF16, tokens, hidden);
+      }
     }
     s.destroy();
   }

@@ -7,8 +7,9 @@
 // SMs / N so all ranks' CTAs are co-resident (the kernels spin on peers). --one-launch
 // instead runs all ranks in one launch (blockIdx.y = rank) for tools that serialize kernels.
 //
-// Checks, per case: every rank's output bit-identical to rank 0's and to the canonical fp32
-// rank-order sum (computed on the GPU from the generator); rank 0 within tolerance
+// Every family of kernels/ear_families.h, and the 4+ rank two-shot, at every N (sim_common.cuh's
+// slots). Checks, per case: every rank's output bit-identical to rank 0's and to the canonical
+// fp32 rank-order sum (computed on the GPU from the generator); rank 0 within tolerance
 // of an fp64 reference (computed on the GPU from the input generator, spot-checked on the
 // CPU); no NaN left from the poisoned output; 256 guard bytes after the output untouched.
 // Then per-rank CUDA graphs (refresh inputs from a device counter + a mixed sequence of all-
@@ -21,24 +22,29 @@
 
 static const double kTol[] = {1e-5, 2e-3, 1e-2};  // relative to sum_r |x_r|
 
-// All ranks in one launch: blockIdx.y is the rank, params come from device memory.
+// All ranks in one launch: blockIdx.y is the rank, params come from device memory. A slot's
+// body is its kernel stem's (ear::<stem>_body).
 template <typename T, int N, int FAM>
 __global__ void __launch_bounds__(EAR_BLOCK_THREADS, 1)
     sim_all_ranks(const EarAllReduceParams* __restrict__ ps) {
   const EarAllReduceParams& p = ps[blockIdx.y];
-  if constexpr (FAM == ONESHOT) ear::oneshot_body<T, N>(p);
-  if constexpr (FAM == TWOSHOT) ear::twoshot_body<T, N>(p);
-  if constexpr (FAM == LAMPORT) ear::lamport_body<T, N>(p);
-  if constexpr (FAM == WIDE) ear::twoshot_wide_body<T, N>(p);
-  if constexpr (FAM == PUSH) ear::push_body<T, N>(p);
+#define EAR_SIM_BODY_(name, id, plain2, plainwide, ...)                      \
+  if constexpr (FAM == id) ear::plain2##_body<T, N>(p);                       \
+  if constexpr (FAM == WIDE && id == TWOSHOT) ear::plainwide##_body<T, N>(p);
+  EAR_FOR_EACH_FAMILY(EAR_SIM_BODY_)
+#undef EAR_SIM_BODY_
 }
-static const void* kSimKernels[kFams][3][5] = {
-    SIM_TABLE_ROW(sim_all_ranks, ONESHOT),
-    SIM_TABLE_ROW(sim_all_ranks, TWOSHOT),
-    SIM_TABLE_ROW(sim_all_ranks, LAMPORT),
-    SIM_TABLE_ROW(sim_all_ranks, WIDE),
-    SIM_TABLE_ROW(sim_all_ranks, PUSH),
+struct SimKernels {
+  KernelRow k[kFams];
 };
+static const SimKernels kSimKernels = [] {
+  SimKernels t{};
+#define EAR_SIM_ONE_LAUNCH_(name, id, ...) sim_fill(t.k[id], SIM_TABLE_ROW(sim_all_ranks, id));
+  EAR_FOR_EACH_FAMILY(EAR_SIM_ONE_LAUNCH_)
+#undef EAR_SIM_ONE_LAUNCH_
+  sim_fill(t.k[WIDE], SIM_TABLE_ROW(sim_all_ranks, WIDE));
+  return t;
+}();
 
 struct CheckResult {
   unsigned mismatches;  // elements where some rank differs from rank 0 (bitwise)
@@ -128,9 +134,7 @@ struct Sim : SimRanks {
     CK(cudaFree(dres));
     destroy_ranks();
   }
-  uint64_t max_msg(int fam) const {
-    return fam == LAMPORT ? EAR_LAMPORT_MAX_MSG(ws_max) : fam == PUSH ? EAR_PUSH_MAX_MSG(ws_max) : ws_max;
-  }
+  uint64_t max_msg(int fam) const { return sim_max_msg(fam, ws_max); }
   // The library's launch plan of rank r's call (ear_plan_of on the family's rule, flags
   // included: the pointer exchange where the simulation turns it on, the input shared where it
   // says rank r's is reachable).
@@ -184,7 +188,7 @@ struct Sim : SimRanks {
   }
   void launch_one(const Call& c, cudaStream_t s) {
     const EarAllReduceParams* dp = c.dp;
-    launch_kernel(kSimKernels[c.fam][c.dt][n_index(n)], dim3(c.grid, n), dim3(block_rule(c.fam, c.dt, c.count)),
+    launch_kernel(kSimKernels.k[c.fam][c.dt][n_index(n)], dim3(c.grid, n), dim3(block_rule(c.fam, c.dt, c.count)),
                   s, c.pdl, &dp);
   }
   void allreduce(Call c) {
@@ -301,6 +305,10 @@ static void graph_test(Sim& s, int dt, int replays) {
       {PUSH, 7, 1, false, false},       {WIDE, 7, 1, true, true},
       {LAMPORT, 1, 1, true, true},
   };
+  // A slot no call above names gets one: a new family is in this test too.
+  for (int fam = 0; fam < kFams; ++fam)
+    if (std::none_of(calls.begin(), calls.end(), [&](const GCall& c) { return c.fam == fam; }))
+      calls.push_back({fam, std::min<uint64_t>(4097, s.max_msg(fam) / kElemSize[dt]), 0, true, false});
   // Each call gets its own slice of the in/out buffers so all results survive the replay.
   std::vector<uint64_t> off(calls.size());
   uint64_t used = 0;
