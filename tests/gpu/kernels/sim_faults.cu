@@ -32,8 +32,8 @@ namespace {
 // A case's kernel: a plain one (fam: its sim_common.cuh slot) or a fused one (fam: its family's
 // id), for every family of kernels/ear_families.h; the two-shot also paced (above 8 MiB); the
 // families whose flags rule exchanges pointers also with the ranks reading each other's inputs
-// in place (EAR_CALL_POINTERS | EAR_CALL_INPUT_SHARED: the 4+ rank one-shot's end barrier, the
-// two-shot's reads of peers' inputs; at 2 ranks the kernels copy).
+// in place (EAR_CALL_POINTERS | EAR_CALL_INPUT_SHARED: the one-shot's end barrier, the
+// 4+ rank two-shot's reads of peers' inputs; the 2-rank two-shot ignores the flags).
 struct Kind {
   const char* name;
   int fam;

@@ -107,7 +107,7 @@ struct Sim : SimRanks {
   void* out[EAR_MAX_RANKS]{};
   EarAllReduceParams* dparams = nullptr;  // one-launch mode: pool of N-param sets
   // Whether the ranks exchange pointers (EAR_CALL_POINTERS: a group of one process; read by
-  // the 4+ rank one-shot and two-shot), and bit r: rank r lets its peers read its input in
+  // the one-shot and the 4+ rank two-shot), and bit r: rank r lets its peers read its input in
   // place (EAR_CALL_INPUT_SHARED). run_case draws them per case: no exchange, or an exchange
   // with none, all, or a mix of the inputs shared.
   bool pointers = false;
