@@ -51,9 +51,10 @@ pub(crate) const AUTO_TABLE: RankTable<Option<Family>> = &[
 /// included, and a one-shot's N reads of each line are mostly one (the ranks read it from L2
 /// together), so the one-shot moves about 4*S per rank when it copies its input and about 2*S
 /// when its peers read it in place (a group of one process, sm_90: `EAR_CALL_POINTERS`), where
-/// the links see (N-1)*S and 2(N-1)/N*S. Measured on one H200, bf16, 20 ops per graph: 2 ranks
-/// (docs/runs/2026-12-01-h200-perf48-c2.txt) Lamport to 1 MiB, one-shot above (6.9 against
-/// Lamport's 7.1 us at 2 MiB, 140 against the two-shot's 204 at 64 MiB); 4 and 8 ranks with
+/// the links see (N-1)*S and 2(N-1)/N*S. 2 ranks, the one-shot reading inputs in place since
+/// issue 42, one H100, bf16, 20 ops per graph, two rounds (docs/runs/2026-12-06-h100-contract-check-n2.txt):
+/// Lamport to 512 KiB (4.95 against the one-shot's 5.00 us), the one-shot above (5.22 against
+/// 5.58 at 768 KiB, 6.24 against 7.79 at 2 MiB); 4 and 8 ranks with
 /// the inputs read in place (docs/runs/2026-12-01-h200-inplace-oneshot.txt): 4 ranks Lamport to
 /// 128 KiB (5.95 against the one-shot's 6.21 us), the one-shot above (6.38 against 6.85 at 256
 /// KiB, 177 against the two-shot's 198 at 64 MiB); 8 ranks the one-shot to 512 KiB (12.1
@@ -62,7 +63,7 @@ pub(crate) const AUTO_TABLE: RankTable<Option<Family>> = &[
 /// Lamport to 48 KiB (9.17 against the one-shot's 9.25 us), not at 64 KiB (9.51 against 9.24);
 /// the same run confirms 4 ranks' 128 KiB (6.31 against 6.45; 6.84 against 6.63 at 192 KiB).
 pub(crate) const ONE_DEVICE_AUTO_TABLE: RankTable<Option<Family>> = &[
-    (2, &[(1 << 20, Some(Family::Lamport)), (64 << 20, Some(Family::OneShot)), (u64::MAX, None)]),
+    (2, &[(512 << 10, Some(Family::Lamport)), (64 << 20, Some(Family::OneShot)), (u64::MAX, None)]),
     (4, &[(128 << 10, Some(Family::Lamport)), (64 << 20, Some(Family::OneShot)), (u64::MAX, None)]),
     (
         16,

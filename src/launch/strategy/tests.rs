@@ -77,7 +77,8 @@ fn ranks_on_one_device_follow_the_table_measured_there() {
         }
     };
     let custom = Path::Custom;
-    assert_eq!(at(2, 1 << 20, true), custom(Family::Lamport));
+    assert_eq!(at(2, 512 << 10, true), custom(Family::Lamport));
+    assert_eq!(at(2, 768 << 10, true), custom(Family::OneShot), "2 ranks in place: the one-shot from 768 KiB");
     assert_eq!(at(2, 4 << 20, true), custom(Family::OneShot));
     assert_eq!(at(2, 4 << 20, false), custom(Family::TwoShot), "separate GPUs: the links favour the two-shot");
     assert_eq!(at(4, 128 << 10, true), custom(Family::Lamport));
