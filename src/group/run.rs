@@ -266,8 +266,7 @@ impl Group {
     /// devices carry them (`Group::links_exchange`). It depends on the group only, so every
     /// rank of a call gives the same answer, as the flag requires.
     fn exchanges_pointers(&self) -> bool {
-        self.links_exchange
-            && self.members.iter().all(|m| m.as_ref().is_some_and(|m| m.kernels.sm90_code))
+        self.links_exchange && self.members.iter().all(|m| m.as_ref().is_some_and(|m| m.kernels.sm90_code))
     }
 
     /// Enqueues rank `rank`'s part of one all-reduce on `stream` (a stream of that rank's

@@ -6,7 +6,6 @@
 use crate::cuda::{self, Function};
 use crate::error::{Error, Result};
 use crate::launch::family::{self, Family, Op, RANK_COUNTS, TYPES};
-use crate::launch::probe;
 use crate::tensor::DataType;
 use std::collections::HashMap;
 
@@ -18,6 +17,24 @@ pub(crate) const SELFTEST_KERNEL: &str = "ear_selftest";
 /// Its bandwidth check (the same file).
 pub(crate) const SELFTEST_PUSH_KERNEL: &str = "ear_selftest_push";
 
+/// The link probe's kernels (`crate::launch::probe`), in the order [`DeviceKernels`] keeps them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ProbeKernel {
+    Copy,
+    Latency,
+}
+
+impl ProbeKernel {
+    pub(crate) const ALL: [ProbeKernel; 2] = [ProbeKernel::Copy, ProbeKernel::Latency];
+
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            ProbeKernel::Copy => "ear_probe_copy",
+            ProbeKernel::Latency => "ear_probe_latency",
+        }
+    }
+}
+
 /// The kernels of one device (its primary context).
 pub struct DeviceKernels {
     functions: HashMap<(Family, Op, DataType, i32), Function>,
@@ -25,7 +42,7 @@ pub struct DeviceKernels {
     norms: HashMap<DataType, Function>,
     /// `ear_selftest` and `ear_selftest_push` (`crate::group::selftest`).
     selftest: Option<(Function, Function)>,
-    /// The link probe's kernels, in [`probe::Kernel::ALL`]'s order (no group needs them).
+    /// The link probe's kernels, in [`ProbeKernel::ALL`]'s order (no group needs them).
     probe: [Option<Function>; 2],
     /// Programmatic dependent launch: sm_90 and newer, unless EDGELLM_ALLREDUCE_PDL=0, when every
     /// kernel carries its `griddepcontrol.wait` (code from compute_90 or newer: PTX of compute_80
@@ -54,7 +71,7 @@ impl DeviceKernels {
         let mut names: Vec<String> = keys.iter().map(|&(f, o, t, n)| family::kernel_name(f, o, t, n)).collect();
         names.extend(TYPES.map(family::norm_kernel_name));
         names.extend([SELFTEST_KERNEL, SELFTEST_PUSH_KERNEL].map(str::to_owned));
-        names.extend(probe::Kernel::ALL.map(|k| k.name().to_owned()));
+        names.extend(ProbeKernel::ALL.map(|k| k.name().to_owned()));
         let (mut functions, mut norms, mut selftest, mut probes) = (HashMap::new(), HashMap::new(), None, [None; 2]);
         let mut failed: Vec<(&str, i32)> = Vec::new();
         cuda::with_context(context, || {
@@ -124,7 +141,7 @@ impl DeviceKernels {
     }
 
     /// One of the link probe's kernels, if it loaded.
-    pub(crate) fn probe(&self, kernel: probe::Kernel) -> Option<Function> {
+    pub(crate) fn probe(&self, kernel: ProbeKernel) -> Option<Function> {
         self.probe[kernel as usize]
     }
 
@@ -170,7 +187,7 @@ mod tests {
         };
         let mut names: Vec<String> = TYPES.map(family::norm_kernel_name).to_vec();
         names.extend([SELFTEST_KERNEL, SELFTEST_PUSH_KERNEL].map(str::to_owned));
-        names.extend(probe::Kernel::ALL.map(|k| k.name().to_owned()));
+        names.extend(ProbeKernel::ALL.map(|k| k.name().to_owned()));
         for f in Family::ALL {
             for op in [Op::AllReduce, Op::ResidualRmsNorm] {
                 names.extend(TYPES.iter().flat_map(|&t| RANK_COUNTS.map(|n| family::kernel_name(f, op, t, n))));

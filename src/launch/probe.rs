@@ -7,7 +7,7 @@
 
 use crate::cuda::{DevicePtr, Stream};
 use crate::error::{Error, Result};
-use crate::launch::kernels::DeviceKernels;
+use crate::launch::kernels::{DeviceKernels, ProbeKernel as Kernel};
 use crate::launch::launcher::Launch;
 use std::ffi::c_void;
 use std::mem::offset_of;
@@ -18,24 +18,6 @@ pub const THREADS: u32 = 512;
 /// Bytes at the start of the remote buffer that [`latency`] touches (`EAR_PROBE_RING_SLOTS` ×
 /// `EAR_PROBE_RING_STRIDE`: 32 slots, one per 128-byte line); the buffer must be 128-byte aligned.
 pub const RING_BYTES: u64 = 4096;
-
-/// The probe's kernels, in the order [`DeviceKernels`] keeps them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Kernel {
-    Copy,
-    Latency,
-}
-
-impl Kernel {
-    pub(crate) const ALL: [Kernel; 2] = [Kernel::Copy, Kernel::Latency];
-
-    pub(crate) fn name(self) -> &'static str {
-        match self {
-            Kernel::Copy => "ear_probe_copy",
-            Kernel::Latency => "ear_probe_latency",
-        }
-    }
-}
 
 /// What one round trip of [`latency`] is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
