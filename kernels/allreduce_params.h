@@ -251,7 +251,7 @@ _Static_assert(sizeof(void*) == 8, "64-bit targets only");
  *     any other block size traps. It depends only on (hidden, dtype), so it is identical on
  *     every rank; the per-row sum of squares is reduced in a fixed order for that block size.
  *   - grid  = EAR_FUSED_GRID(tokens, max_blocks): CTA b handles token rows b, b+grid, ...;
- *     for ear_oneshot_lamport_norm_*, ear_fused_lamport_grid_of(tokens, hidden, elem, max_blocks),
+ *     for ear_oneshot_lamport_norm_*, ear_fused_lamport_grid_of(tokens, hidden, elem, nranks, max_blocks),
  *     which may exceed tokens: every CTA pushes (unless normed == x), CTAs b < tokens also
  *     reduce.
  *     Rank families: max_blocks in [1, EAR_MAX_BLOCKS]; any grid in [1, EAR_MAX_BLOCKS] is correct; the
@@ -292,12 +292,25 @@ _Static_assert(sizeof(void*) == 8, "64-bit targets only");
   ((uint32_t)((uint64_t)(tokens) < 1u ? 1u                                                \
               : (uint64_t)(tokens) > (uint64_t)(max_blocks) ? (uint64_t)(max_blocks)      \
                                                             : (uint64_t)(tokens)))
-/* Lamport fused grid: enough CTAs of EAR_FUSED_BLOCK threads to push every vector once (one
- * per thread), at least one per row, at most max_blocks. CTA b owns rows b, b + grid, ... */
+/* Lamport fused grid: one CTA per row and one per EAR_FUSED_BLOCK vectors (a thread per
+ * vector pushes), and a call of few rows spread over max(4, nranks) CTAs of at least
+ * EAR_FUSED_LAMPORT_MIN_SHARE vectors: a rank pushes and clears N - 1 copies of its rows, which
+ * one SM issues slowly. At most max_blocks. CTA b owns rows b, b + grid, ...; out of place
+ * every CTA pushes an even share (lamport_norm.cu). One H100, simulated ranks, 1 x 4096 bf16
+ * (docs/runs/2026-12-06-h100-fused-push-spread.txt): 5.17 -> 5.11 us at 2 ranks (4 CTAs),
+ * 6.83 -> 6.68 at 4 (4), 10.7 -> 9.98 at 8 (8); 8 rows at 8 ranks on 16 CTAs instead of 8
+ * were slower (11.3 -> 11.7 us): hence a floor of CTAs, not a share size. */
+#define EAR_FUSED_LAMPORT_MIN_SHARE 64u
 static inline uint32_t ear_fused_lamport_grid_of(uint64_t tokens, uint32_t hidden, uint32_t elem,
-                                                 uint32_t max_blocks) {
-  const uint64_t push = EAR_CEIL_DIV(tokens * EAR_FUSED_ROW_VECS(hidden, elem), EAR_FUSED_BLOCK(hidden, elem));
-  const uint64_t g = push > tokens ? push : tokens;
+                                                 int32_t nranks, uint32_t max_blocks) {
+  const uint64_t vecs = tokens * EAR_FUSED_ROW_VECS(hidden, elem);
+  const uint64_t per_thread = EAR_CEIL_DIV(vecs, EAR_FUSED_BLOCK(hidden, elem));
+  const uint64_t spread_want = nranks > 4 ? (uint64_t)nranks : 4u;
+  const uint64_t spread_max = EAR_CEIL_DIV(vecs, EAR_FUSED_LAMPORT_MIN_SHARE);
+  const uint64_t spread = spread_want < spread_max ? spread_want : spread_max;
+  uint64_t g = tokens;
+  if (per_thread > g) g = per_thread;
+  if (spread > g) g = spread;
   const uint64_t cap = max_blocks < 1u ? 1u : max_blocks;
   return (uint32_t)(g > cap ? cap : g);
 }
@@ -325,7 +338,7 @@ static inline EarPlan ear_plan_of(EarRule rule, int32_t family, int32_t op, uint
     p.block = EAR_FUSED_BLOCK(hidden, elem);
     switch (rule.fused_grid) {
       case EAR_FUSED_GRID_RULE_ROWS: p.grid = EAR_FUSED_GRID(tokens, cap); break;
-      case EAR_FUSED_GRID_RULE_LAMPORT: p.grid = ear_fused_lamport_grid_of(tokens, hidden, elem, cap); break;
+      case EAR_FUSED_GRID_RULE_LAMPORT: p.grid = ear_fused_lamport_grid_of(tokens, hidden, elem, nranks, cap); break;
     }
     return p;
   }

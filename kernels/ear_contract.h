@@ -137,7 +137,8 @@ typedef enum EarGridRule {
 typedef enum EarFusedGridRule {
   // One CTA per token row (`EAR_FUSED_GRID`).
   EAR_FUSED_GRID_RULE_ROWS,
-  // Enough CTAs to push every vector once, at least one per row (`ear_fused_lamport_grid_of`).
+  // One CTA per row, enough to push every vector once, and a few-row call's push spread
+  // over max(4, N) CTAs (`ear_fused_lamport_grid_of`).
   EAR_FUSED_GRID_RULE_LAMPORT,
 } EarFusedGridRule;
 

@@ -18,8 +18,8 @@
 // the fp32 sum of squares overflows for |r| >~ 1.8e19 / sqrt(hidden) (bf16/f32 only).
 //
 // Work mapping (all families): CTA b handles token rows b, b + gridDim.x, ... in EVERY
-// phase (Lamport out of place: the push is spread flat over the whole grid, which may have
-// more CTAs than rows; nothing waits on who pushed what); inside a row, thread t handles 16-byte chunks k = t, t + blockDim.x, ... (chunk k
+// phase (Lamport out of place: the push is spread in even shares over the whole grid, which
+// may have more CTAs than rows; nothing waits on who pushed what); inside a row, thread t handles 16-byte chunks k = t, t + blockDim.x, ... (chunk k
 // = elements [k*E, k*E+E) of the row; the last chunk of a row may be partial). A row is
 // staged with a pitch of row_vecs = ceil(hidden*elem/16) vectors (rows padded to 16 bytes,
 // padding = +0), so a vector never straddles two rows and the per-CTA barriers suffice:

@@ -49,6 +49,20 @@ __device__ __forceinline__ void lamport_push(const EarAllReduceParams& p, uint64
   }
 }
 
+// This CTA's even, contiguous share of a flat pass over `vecs` vectors (at most 2^32), in
+// whole warps: its threads take first, first + blockDim.x, ... below end (first may be past
+// end). Spreads the pass over every CTA whatever the block size: a fused Lamport grid has
+// more CTAs than rows when the rows are few (lamport_norm.cu). 32-bit: no 64-bit division.
+struct CtaShare {
+  uint64_t first, end;
+};
+__device__ __forceinline__ CtaShare cta_share(uint64_t vecs) {
+  const uint32_t n = static_cast<uint32_t>(vecs);
+  const uint32_t per = ((n + gridDim.x - 1u) / gridDim.x + 31u) & ~31u;
+  const uint64_t begin = static_cast<uint64_t>(blockIdx.x) * per;
+  return {begin + threadIdx.x, begin + per < n ? begin + per : n};
+}
+
 // Zeroes the first `vecs` vectors of every peer row of buffer `buf` in our Lamport area `lam`
 // (what the previous call wrote there), grid-stride from `first`.
 template <int N>

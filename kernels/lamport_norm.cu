@@ -6,16 +6,16 @@
 // and state counters (so plain and fused calls interleave on one communicator), described
 // at the top of lamport.cu. The differences:
 //   lamport_norm  buffer lam_seq % 3, row r of a buffer holds rank r's padded rows, vector
-//                 (row*row_vecs + k); 1. push all our rows (sanitized, 16-byte stores; every
-//                 CTA a flat share out of place, each CTA its own rows in place),
-//                 2. clear the previous call's lam_prev_vecs vectors of each peer row
-//                 (flat grid-stride: any mapping clears the same set), 3. per row: poll the
-//                 peers' vectors until no word is zero, sum in rank order (own value from
-//                 x), + bias + residual, norm. lam_prev_vecs = tokens*row_vecs. The -0
-//                 sentinel rewrite only touches the x payload: it is summed into an fp32
-//                 accumulator that starts at +0.0f (never -0), before bias and residual, so
-//                 results are unchanged. Plain path only (no clusters/DSMEM): one CTA per
-//                 row, works on sm_80+.
+//                 (row*row_vecs + k); 1. push all our rows (sanitized, 16-byte stores; out
+//                 of place every CTA an even contiguous share (cta_share), in place each
+//                 CTA its own rows), 2. clear the previous call's lam_prev_vecs vectors of
+//                 each peer row (even shares: any mapping clears the same set), 3. per
+//                 row: poll the peers' vectors until no word is zero, sum in rank order
+//                 (own value from x), + bias + residual, norm. lam_prev_vecs =
+//                 tokens*row_vecs. The -0 sentinel rewrite only touches the x payload: it
+//                 is summed into an fp32 accumulator that starts at +0.0f (never -0),
+//                 before bias and residual, so results are unchanged. Plain path only (no
+//                 clusters/DSMEM): one CTA per row, works on sm_80+.
 #include "fused.cuh"
 
 namespace ear {
@@ -29,8 +29,6 @@ __device__ __forceinline__ void oneshot_lamport_norm_body(const EarFusedParams& 
   const bool vec_ok = (p.hidden * sizeof(T)) % EAR_VEC_BYTES == 0;
   const bool in_place = p.normed == p.ar.input;
   const uint64_t vecs = p.tokens * hv;
-  const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
-  const uint64_t first = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const auto load = [&](uint64_t row, uint32_t k) {
     return lamport_sanitize(load_row_chunk<T>(p.ar.input, row, p.hidden, k, vec_ok));
   };
@@ -42,16 +40,16 @@ __device__ __forceinline__ void oneshot_lamport_norm_body(const EarFusedParams& 
   const uint64_t prev = (c.lam_seq + 2u) % 3u;
 
   // 1. push all our rows into row `rank` of buffer `cur` of every peer. Out of place, every
-  // CTA of the grid (it may exceed tokens) pushes a flat share; in place (normed == x) each
-  // CTA pushes only the rows it owns, so no CTA reads x of a row whose owner may already have
-  // written normed over it.
+  // CTA of the grid (more CTAs than rows when rows are few) pushes an even share; in place
+  // (normed == x) each CTA pushes only the rows it owns, so no CTA reads x of a row whose
+  // owner may already have written normed over it.
   const uint64_t push_off = EAR_OFF_LAMPORT(m, N) + (cur * N + rank) * row_bytes;
   const auto push = [&](uint64_t row, uint32_t k, const uint4& v) {
     lamport_push<N>(p.ar, push_off + (row * hv + k) * 16, v);
   };
-  // The flat push goes one vector at a time (not in batches): stores then leave in row
-  // order, so early rows arrive first and their CTAs start the norm while later rows are in
-  // flight (0.2-0.5 µs faster at every decode shape on 2 x H200, docs/PERFORMANCE.md).
+  // The push goes one vector at a time (not in batches): stores then leave in row order, so
+  // early rows arrive first and their CTAs start the norm while later rows are in flight
+  // (0.2-0.5 µs faster at every decode shape on 2 x H200, docs/PERFORMANCE.md).
   if (in_place) {
     for_cta_rows<kPushBatch<N>>(p, hv, load, push);
   } else {
@@ -60,14 +58,17 @@ __device__ __forceinline__ void oneshot_lamport_norm_body(const EarFusedParams& 
     const auto load_at = [&](uint64_t i) {
       return vec_ok ? lamport_sanitize(load_input<T>(p.ar.input, i, p.ar.count)) : load_flat(i);
     };
-    batched_for<1>(first, stride, vecs, load_at,
+    const CtaShare share = cta_share(vecs);
+    batched_for<1>(share.first, blockDim.x, share.end, load_at,
                    [&](uint64_t i, const uint4& v) { lamport_push<N>(p.ar, push_off + i * 16, v); });
   }
 
   char* const lam = data_region(peer_base<N>(p.ar, rank)) + EAR_OFF_LAMPORT(m, N);
 
-  // 2. clear what the previous Lamport call (plain or fused) left in our buffer `prev`.
-  lamport_clear<N>(lam, prev, rank, row_bytes, c.lam_prev_vecs, first, stride);
+  // 2. clear what the previous Lamport call (plain or fused) left in our buffer `prev`, in
+  // even shares as the push.
+  const CtaShare cleared = cta_share(c.lam_prev_vecs);
+  lamport_clear<N>(lam, prev, rank, row_bytes, cleared.end, cleared.first, blockDim.x);
 
   // 3. per row: wait for every peer's chunk, sum in rank order, + bias + residual, norm.
   const char* const cur_rows = lam + cur * N * row_bytes;

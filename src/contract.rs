@@ -104,7 +104,8 @@ pub enum EarGridRule {
 pub enum EarFusedGridRule {
     /// One CTA per token row (`EAR_FUSED_GRID`).
     Rows,
-    /// Enough CTAs to push every vector once, at least one per row (`ear_fused_lamport_grid_of`).
+    /// One CTA per row, enough to push every vector once, and a few-row call's push spread
+    /// over max(4, N) CTAs (`ear_fused_lamport_grid_of`).
     Lamport,
 }
 

@@ -35,17 +35,24 @@ fn plain_grid_rules() {
 
 #[test]
 fn fused_grid_rules() {
-    let fused = |family: Family, tokens: u64, hidden: u32, cap: u32| {
+    let fused_n = |family: Family, tokens: u64, hidden: u32, nranks: i32, cap: u32| {
         let message = Message { bytes: tokens * hidden as u64 * 2, rows: Some((tokens, hidden)) };
-        let p = kernel(family, DataType::Half, &message, 2, cap, NO_FACTS);
+        let p = kernel(family, DataType::Half, &message, nranks, cap, NO_FACTS);
         (p.grid, p.block)
     };
+    let fused = |family: Family, tokens: u64, hidden: u32, cap: u32| fused_n(family, tokens, hidden, 2, cap);
     assert_eq!(fused(Family::OneShot, 1000, 4096, 32), (32, 512));
     assert_eq!(fused(Family::OneShot, 1, 256, 32), (1, 32));
-    // The fused Lamport grid covers every vector once (one per thread), at least one CTA per row.
+    // The fused Lamport grid: one CTA per row, enough to push every vector once (one per
+    // thread), and a few rows' push spread over max(4, N) CTAs of at least 64 vectors each.
     let lamport = |t, h, cap| fused(Family::Lamport, t, h, cap).0;
-    assert_eq!(lamport(1, 4096, 64), 1, "512 vectors: one CTA");
+    assert_eq!(lamport(1, 4096, 64), 4, "512 vectors: spread over 4 CTAs");
+    assert_eq!(fused_n(Family::Lamport, 1, 4096, 8, 16).0, 8, "8 ranks: 8 CTAs");
+    assert_eq!(fused_n(Family::Lamport, 1, 4096, 16, 8).0, 8, "16 ranks: capped");
+    assert_eq!(fused_n(Family::Lamport, 8, 4096, 8, 16).0, 8, "8 rows: one CTA per row");
     assert_eq!(lamport(1, 16384, 128), 4, "one row, four CTAs push it");
+    assert_eq!(lamport(1, 256, 64), 1, "32 vectors: no CTA of less than 64");
+    assert_eq!(lamport(1, 1024, 64), 2, "128 vectors: two CTAs of 64");
     assert_eq!(lamport(32, 8192, 128), 64, "32 rows of 1024 vectors, 512 threads");
     assert_eq!(lamport(128, 8192, 128), 128, "256 CTAs would push one vector each: capped");
     assert_eq!(lamport(128, 8192, 64), 64);
