@@ -1,9 +1,9 @@
 // sim_faults.cu: the bounded waits of every kernel family (kernels/wait.cuh) on N simulated
 // ranks on ONE GPU (sim_common.cuh: N zero-filled workspaces and state blocks, a stream per
 // rank, grids capped so all ranks are co-resident), each rank with its own fault word in mapped
-// host memory. For each family of kernels/ear_families.h (plain, fused; the two-shot also paced;
-// those that exchange pointers also with inputs read in place: kinds()) and N in {2, 4}, each
-// case on a fresh group:
+// host memory. For each family of kernels/ear_families.h (plain, fused; the two-shot also paced
+// and its 4+ rank kernel; those that exchange pointers also with inputs read in place: kinds())
+// and N in {2, 4}, each case on a fresh group:
 //   skip      every rank but the last launches, with a 50 ms bound: each one ends (no hang)
 //             with a fault recorded (TIMEOUT, or ABORTED where a peer's abort came first; at
 //             least one TIMEOUT) and its outputs all NaN (wait.cuh: a failed call poisons
@@ -33,7 +33,8 @@ namespace {
 // id), for every family of kernels/ear_families.h; the two-shot also paced (above 8 MiB); the
 // families whose flags rule exchanges pointers also with the ranks reading each other's inputs
 // in place (EAR_CALL_POINTERS | EAR_CALL_INPUT_SHARED: the one-shot's end barrier, the
-// 4+ rank two-shot's reads of peers' inputs; the 2-rank two-shot ignores the flags).
+// 4+ rank two-shot's reads of peers' inputs; the 2-rank two-shot ignores the flags); and the
+// 4+ rank two-shot (the WIDE slot), plain and in place.
 struct Kind {
   const char* name;
   int fam;
@@ -53,6 +54,10 @@ std::vector<Kind> kinds() {
   if (flags != EAR_FLAGS_RULE_NONE) ks.push_back({#name " in place", id, false, false, true});
   EAR_FOR_EACH_FAMILY(EAR_SIM_IN_PLACE_)
 #undef EAR_SIM_IN_PLACE_
+  // The two-shot's own kernel for 4 and more ranks (twoshot_wide.cu, the WIDE slot): the
+  // "twoshot" kinds above run the 2-rank kernel at every N, as the family's slot does.
+  ks.push_back({"twoshot_wide", WIDE, false, false, false});
+  ks.push_back({"twoshot_wide in place", WIDE, false, false, true});
   return ks;
 }
 
