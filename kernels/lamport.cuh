@@ -63,8 +63,9 @@ __device__ __forceinline__ CtaShare cta_share(uint64_t vecs) {
   return {begin + threadIdx.x, begin + per < n ? begin + per : n};
 }
 
-// Zeroes the first `vecs` vectors of every peer row of buffer `buf` in our Lamport area `lam`
-// (what the previous call wrote there), grid-stride from `first`.
+// Zeroes vectors first, first + stride, ... below `vecs` of every peer row of buffer `buf` in
+// our Lamport area `lam` (what the previous call wrote there): the whole grid's strides, or one
+// CTA's share (cta_share), together cover the previous call's vectors.
 template <int N>
 __device__ __forceinline__ void lamport_clear(char* lam, uint64_t buf, int rank, uint64_t row_bytes,
                                               uint64_t vecs, uint64_t first, uint64_t stride) {
