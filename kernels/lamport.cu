@@ -74,12 +74,14 @@ __device__ __forceinline__ void oneshot_lamport_body(const EarAllReduceParams& p
   // 2. clear what call k-1 left in our buffer `prev`.
   lamport_clear<N>(mine, prev, rank, row_bytes, c.lam_prev_vecs, first, stride);
 
-  // 3. wait for every peer's vector i, then reduce in rank order. A batch's vectors are
-  // polled together (lamport_poll).
+  // 3. wait for every peer's vector i, then reduce in rank order, one vector at a time: at
+  // decode sizes a thread has one vector, and the batched loop's code (batches of 4 at N = 2,
+  // 2 at N = 4) cost 0.15-0.25 us per call at 8-256 KiB on one H100 even so
+  // (docs/PERFORMANCE.md, issue 42).
   // Row r of buffer `cur` is at cur_rows + r * row_bytes (computed per use: an array of N
   // row pointers costs 2N registers and spills at N = 16).
   const char* const cur_rows = mine + cur * N * row_bytes;
-  batched_for_polled<kReduceBatch<N>>(
+  batched_for_polled<1>(
       first, stride, vecs,
       [&](uint64_t i) {
         Ranks<N> v;
