@@ -77,7 +77,7 @@ __device__ __forceinline__ void oneshot_lamport_body(const EarAllReduceParams& p
   // 3. wait for every peer's vector i, then reduce in rank order, one vector at a time: at
   // decode sizes a thread has one vector, and the batched loop's code (batches of 4 at N = 2,
   // 2 at N = 4) cost 0.15-0.25 us per call at 8-256 KiB on one H100 even so
-  // (docs/PERFORMANCE.md, issue 42).
+  // (docs/PERFORMANCE.md, "Design choices the code cites").
   // Row r of buffer `cur` is at cur_rows + r * row_bytes (computed per use: an array of N
   // row pointers costs 2N registers and spills at N = 16).
   const char* const cur_rows = mine + cur * N * row_bytes;
