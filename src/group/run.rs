@@ -287,8 +287,9 @@ impl Group {
         count: usize,
         stream: Stream,
     ) -> Result<()> {
+        let (tensors, message) = sum_call(dtype, input, output, count);
         // SAFETY: the caller's contract.
-        unsafe { self.launch_sum(rank, family, dtype, input, output, count, stream, None) }
+        unsafe { self.launch_message(rank, family, dtype, &message, &tensors, stream, None) }
     }
 
     /// [`Group::launch`] with at most `ctas` CTAs (within the group's cap) instead of the
@@ -309,31 +310,9 @@ impl Group {
         stream: Stream,
         ctas: u32,
     ) -> Result<()> {
+        let (tensors, message) = sum_call(dtype, input, output, count);
         // SAFETY: the caller's contract.
-        unsafe { self.launch_sum(rank, family, dtype, input, output, count, stream, Some(ctas)) }
-    }
-
-    /// The plain sum of [`Group::launch`] and [`Group::launch_with_ctas`]: `ctas`, when given,
-    /// caps the grid.
-    ///
-    /// # Safety
-    /// As [`Group::launch`].
-    #[allow(clippy::too_many_arguments)] // one call's operands and its grid
-    unsafe fn launch_sum(
-        &self,
-        rank: i32,
-        family: Family,
-        dtype: DataType,
-        input: DevicePtr,
-        output: DevicePtr,
-        count: usize,
-        stream: Stream,
-        ctas: Option<u32>,
-    ) -> Result<()> {
-        let tensors = Tensors::Sum { input, output, count: count as u64 };
-        let message = Message { bytes: count as u64 * dtype.size() as u64, rows: None };
-        // SAFETY: the caller's contract.
-        unsafe { self.launch_message(rank, family, dtype, &message, &tensors, stream, ctas) }
+        unsafe { self.launch_message(rank, family, dtype, &message, &tensors, stream, Some(ctas)) }
     }
 
     /// Enqueues rank `rank`'s part of one fused all-reduce + residual + RMSNorm.
@@ -383,4 +362,11 @@ impl Group {
         // SAFETY: the caller's contract.
         unsafe { self.run(rank, &launch, &p, tensors, stream) }
     }
+}
+
+/// The operands and message of a plain sum of `count` elements ([`Group::launch`],
+/// [`Group::launch_with_ctas`]).
+fn sum_call(dtype: DataType, input: DevicePtr, output: DevicePtr, count: usize) -> (Tensors, Message) {
+    let tensors = Tensors::Sum { input, output, count: count as u64 };
+    (tensors, Message { bytes: count as u64 * dtype.size() as u64, rows: None })
 }
