@@ -39,6 +39,9 @@ done
 # The 4+ rank two-shot's stages on simulated ranks (docs/PERFORMANCE.md, "Four and eight ranks").
 "$CUDA_HOME/bin/nvcc" -O3 -std=c++17 -arch=sm_90 -L"$CUDA_HOME/lib" -Werror all-warnings \
   "$root/tools/gpu/twoshot_stages.cu" -o "$root/.carry/twoshot_stages"
+# The Lamport one-shot beside stripped kernels at decode sizes (docs/PERFORMANCE.md, issue 42).
+"$CUDA_HOME/bin/nvcc" -O3 -std=c++17 -arch=sm_90 -L"$CUDA_HOME/lib" -Werror all-warnings \
+  "$root/tools/gpu/lamport_stages.cu" -o "$root/.carry/lamport_stages"
 strip "$root/.carry"/edgellm_plugin_tests_trt* "$root/.carry/rust_gpu_simulated_ranks" "$root/.carry/rust_gpu_selftest" \
   "$root/.carry/edgellm-allreduce-bench" "$overlay"/edgellm_overlay_tests_trt*
 du -sh "$root/.carry" "$overlay"

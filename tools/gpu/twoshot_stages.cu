@@ -16,8 +16,8 @@
 //
 // Built by tools/gpu/stage.sh (or: nvcc -O3 -std=c++17 -arch=sm_90 tools/gpu/twoshot_stages.cu);
 // usage: twoshot_stages [--ranks 4,8,2] [--sizes 256K,1M,4M,16M,64M] [--replays 5] [--batches 10]
-//                       [--timeout SECONDS]
-#include "../../tests/gpu/kernels/sim_common.cuh"
+//                       [--ops 20] [--timeout SECONDS]
+#include "stages_common.cuh"
 
 using ear::kWideAll;
 constexpr uint32_t kNoLifo = kWideAll & ~ear::kWideLifo;
@@ -31,13 +31,6 @@ __global__ void __launch_bounds__(EAR_BLOCK_THREADS, 1) wide_variant(const __gri
   ear::twoshot_barrier_body<__nv_bfloat16, N, Opts>(p);
 }
 __global__ void empty_rank(const EarAllReduceParams) {}
-
-__global__ void count_mismatch(const uint16_t* a, const uint16_t* b, uint64_t n, unsigned* bad) {
-  unsigned mine = 0;
-  for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < n; i += (uint64_t)gridDim.x * blockDim.x)
-    mine += a[i] != b[i];
-  if (mine) atomicAdd(bad, mine);
-}
 
 enum Grid { G_NONE, G_ONESHOT, G_TWOSHOT };
 constexpr uint32_t kPointers = EAR_CALL_POINTERS;
@@ -72,30 +65,9 @@ static const Row kRows[] = {
 };
 constexpr int kNumRows = sizeof(kRows) / sizeof(kRows[0]);
 
-struct Stages : SimRanks {
-  void* in[EAR_MAX_RANKS]{};
-  void* out[EAR_MAX_RANKS]{};
-  void* ref = nullptr;
-  unsigned* bad = nullptr;
-  void init(int nranks, uint64_t bytes) {
-    init_ranks(nranks, bytes, bytes, false);
-    for (int r = 0; r < n; ++r) {
-      CK(cudaMalloc(&in[r], bytes));
-      CK(cudaMalloc(&out[r], bytes));
-    }
-    CK(cudaMalloc(&ref, bytes));
-    CK(cudaMalloc(&bad, sizeof(unsigned)));
-  }
-  void destroy() {
-    CK(cudaDeviceSynchronize());
-    for (int r = 0; r < n; ++r) {
-      CK(cudaFree(in[r]));
-      CK(cudaFree(out[r]));
-    }
-    CK(cudaFree(ref));
-    CK(cudaFree(bad));
-    destroy_ranks();
-  }
+struct Stages : stages::Ranks {
+  void init(int nranks, uint64_t bytes) { init_buffers(nranks, bytes, bytes); }
+  void destroy() { destroy_buffers(); }
   void op(const Row& row, uint64_t count) {
     const uint64_t vecs = EAR_CEIL_DIV(count * 2, EAR_VEC_BYTES);
     const uint32_t grid = row.grid == G_ONESHOT ? EAR_GRID(vecs, grid_cap())
@@ -103,125 +75,33 @@ struct Stages : SimRanks {
                                                   : 1u;
     fork_ranks();
     for (int r = 0; r < n; ++r) {
-      EarAllReduceParams p;
-      std::memset(&p, 0, sizeof(p));
-      for (int q = 0; q < n; ++q) p.peer_ws[q] = ws[q];
-      p.state = state[r];
-      p.input = in[r];
-      p.output = out[r];
-      p.count = count;
-      p.ws_max_bytes = ws_max;
-      p.rank = r;
-      p.nranks = n;
+      EarAllReduceParams p = params_of(r, count);
       p.flags = row.flags;
       launch_kernel(row.k[n == 2 ? 0 : n == 4 ? 1 : 2], dim3(grid), dim3(EAR_BLOCK_THREADS), st[r], true, &p);
     }
     join_ranks();
   }
-  unsigned mismatches(uint64_t count) {
-    CK(cudaMemsetAsync(bad, 0, sizeof(unsigned), origin));
-    for (int r = 0; r < n; ++r)
-      count_mismatch<<<512, 256, 0, origin>>>(static_cast<const uint16_t*>(out[r]), static_cast<const uint16_t*>(ref), count, bad);
-    unsigned h = 0;
-    CK(cudaMemcpyAsync(&h, bad, sizeof(h), cudaMemcpyDeviceToHost, origin));
-    wait_stream(origin);
-    return h;
-  }
 };
 
-static std::vector<uint64_t> parse_list(const char* s, bool bytes) {
-  std::vector<uint64_t> v;
-  for (const char* p = s; *p;) {
-    char* end;
-    uint64_t x = std::strtoull(p, &end, 10);
-    if (bytes && (*end == 'K' || *end == 'M')) x <<= (*end++ == 'K' ? 10 : 20);
-    v.push_back(x);
-    p = *end == ',' ? end + 1 : end;
-    if (end == p && *p) break;
-  }
-  return v;
-}
-
 int main(int argc, char** argv) {
-  std::vector<uint64_t> ranks = {4, 8}, sizes = {256u << 10, 1u << 20, 4u << 20, 16u << 20, 64u << 20};
-  int replays = 5, batches = 10, ops = 20;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "--ranks")) ranks = parse_list(argv[i + 1], false);
-    else if (!std::strcmp(argv[i], "--sizes")) sizes = parse_list(argv[i + 1], true);
-    else if (!std::strcmp(argv[i], "--replays")) replays = std::atoi(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--batches")) batches = std::atoi(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--timeout")) g_timeout_s = std::atof(argv[i + 1]);
-    else {
-      std::printf("usage: %s [--ranks 4,8] [--sizes 256K,1M] [--replays 5] [--batches 10] [--timeout S]\n", argv[0]);
-      return 2;
-    }
-  }
+  stages::Sweep w;
+  w.ranks = {4, 8};
+  w.sizes = {256u << 10, 1u << 20, 4u << 20, 16u << 20, 64u << 20};
+  w.replays = 5;
+  w.batches = 10;
+  w.sizes_in_kib = true;
+  w.reference = "the one-shot's";
+  if (!stages::parse_args(argc, argv, w)) return 2;
   setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 1);
   CK(cudaSetDevice(0));
-  const uint64_t max_bytes = *std::max_element(sizes.begin(), sizes.end());
-  int failed = 0;
-  for (uint64_t n : ranks) {
-    if (n != 2 && n != 4 && n != 8) {
-      std::printf("ranks 2, 4 and 8 only\n");
-      return 2;
-    }
-    Stages s;
-    s.init(static_cast<int>(n), max_bytes);
-    std::printf("\nN = %llu, grid <= %d CTAs per rank, bf16, %d ops per graph, %d replays x %d batches, median us per op\n",
-                (unsigned long long)n, s.grid_cap(), ops, replays, batches);
-    std::printf("%-20s", "row");
-    for (uint64_t b : sizes) std::printf(" %9lluK", (unsigned long long)(b >> 10));
-    std::printf("\n");
-    std::vector<std::vector<double>> t(kNumRows, std::vector<double>(sizes.size()));
-    for (size_t si = 0; si < sizes.size(); ++si) {
-      const uint64_t count = sizes[si] / 2;
-      for (int r = 0; r < s.n; ++r) {
-        gen_kernel<<<1024, 256, 0, s.origin>>>(s.in[r], count, BF16, 1000 + si, r);
-        CK(cudaGetLastError());
-      }
-      for (int k = 0; k < kNumRows; ++k) {
-        const Row& row = kRows[k];
-        char name[128];
-        std::snprintf(name, sizeof(name), "%s n%llu %llu B", row.name, (unsigned long long)n, (unsigned long long)sizes[si]);
-        g_case = name;
-        if (row.full) {
-          for (int r = 0; r < s.n; ++r) CK(cudaMemsetAsync(s.out[r], 0xFF, sizes[si], s.origin));
-          s.op(row, count);
-          wait_stream(s.origin);
-          CK(cudaGetLastError());
-          if (k == 1) CK(cudaMemcpy(s.ref, s.out[0], sizes[si], cudaMemcpyDeviceToDevice));
-          const unsigned bad = s.mismatches(count);
-          if (bad) {
-            std::printf("FAIL %s: %u elements differ from the one-shot's\n", name, bad);
-            ++failed;
-          }
-        }
-        cudaGraphExec_t g = capture_graph(s.origin, [&] {
-          for (int o = 0; o < ops; ++o) s.op(row, count);
-        });
-        std::vector<double> us;
-        for (int b = 0; b < batches + 2; ++b) {
-          CK(cudaEventRecord(s.t0, s.origin));
-          for (int rep = 0; rep < replays; ++rep) CK(cudaGraphLaunch(g, s.origin));
-          CK(cudaEventRecord(s.t1, s.origin));
-          wait_stream(s.origin);
-          float ms = 0;
-          CK(cudaEventElapsedTime(&ms, s.t0, s.t1));
-          if (b >= 2) us.push_back(ms * 1000.0 / (replays * ops));
-        }
-        CK(cudaGraphExecDestroy(g));
-        std::sort(us.begin(), us.end());
-        t[k][si] = us[us.size() / 2];
-      }
-    }
-    for (int k = 0; k < kNumRows; ++k) {
-      std::printf("%-20s", kRows[k].name);
-      for (size_t si = 0; si < sizes.size(); ++si) std::printf(" %10.2f", t[k][si]);
-      std::printf("\n");
-    }
-    std::fflush(stdout);
-    s.destroy();
-  }
-  std::printf("%s\n", failed ? "some rows differ from the one-shot" : "every full row bit-identical to the one-shot");
+  stages::Rows<Stages> rows;
+  rows.count = kNumRows;
+  rows.ref = 1;  // the one-shot
+  rows.name = [](int k) { return kRows[k].name; };
+  rows.compared = [](int k) { return kRows[k].full; };
+  rows.prepare = [](Stages&, int) {};
+  rows.op = [](Stages& s, int k, uint64_t count, uint32_t) { s.op(kRows[k], count); };
+  const int failed = stages::run_sweep(w, rows);
+  if (failed < 0) return 2;
   return failed ? 1 : 0;
 }
