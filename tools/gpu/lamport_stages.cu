@@ -28,8 +28,8 @@
 // and whole, with cold code moved out of line (the same work, a shorter hot path):
 //   +cold tails   the element-wise tails of partial vectors in functions of their own
 //   +cold tails+look  and the bounded wait's look too
-// Every row but floor, empty and copy is compared bit for bit with the library's output; every
-// row starts from zeroed buffers and counters.
+// Every row but floor, empty, copy and state+copy is compared bit for bit with the library's
+// output; every row starts from zeroed buffers and counters.
 //
 // The replica is a copy of lamport.cu's body with switches (a measuring instrument, as the two-shot's
 // stages are): when that body changes, change it here too; its row must time like the library's.
