@@ -21,7 +21,8 @@
 //   3. reduce for the same vectors i, poll (ld.volatile, 16 bytes) lam(rank, k % 3, r) of
 //             every peer r until no word is zero, sum in rank order 0..N-1 (own value from
 //             our input), write our output (after reading input i: in place is safe).
-//   (begin_call sets lam_prev_vecs = vecs and lam_seq = k + 1 for the next call.)
+//   (after the clear, write_next_counters sets lam_prev_vecs = vecs and lam_seq = k + 1 for
+//   the next call.)
 //
 // Why the three buffers are safe without any barrier. Invariant: when rank q starts call k,
 // its buffers k % 3 and (k+1) % 3 are all zero; buffer (k-1) % 3 holds call k-1's data.
@@ -57,7 +58,7 @@ __device__ __forceinline__ void oneshot_lamport_body(const EarAllReduceParams& p
   const auto load = [&](uint64_t i) { return lamport_sanitize(load_input<T>(p.input, i, p.count)); };
   uint4 head[1];
   load_batch(head, first, stride, vecs, load);
-  const CallCounters c = begin_call(p, our_abort, [&](CallCounters k) { return next_lamport_call(k, vecs); });
+  const CallCounters c = read_call(p, our_abort);
   const uint64_t m = p.ws_max_bytes;
   const int rank = p.rank;
   const uint64_t row_bytes = EAR_LAMPORT_ROW_BYTES(m);
@@ -73,6 +74,9 @@ __device__ __forceinline__ void oneshot_lamport_body(const EarAllReduceParams& p
 
   // 2. clear what call k-1 left in our buffer `prev`.
   lamport_clear<N>(mine, prev, rank, row_bytes, c.lam_prev_vecs, first, stride);
+  // The next call's counters after the push and the clear, which they would delay, and before
+  // the poll, which waits anyway.
+  write_next_counters(p, next_lamport_call(c, vecs));
 
   // 3. wait for every peer's vector i, then reduce in rank order, one vector at a time: at
   // decode sizes a thread has one vector, and the batched loop's code (batches of 4 at N = 2,

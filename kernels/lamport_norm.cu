@@ -33,7 +33,7 @@ __device__ __forceinline__ void oneshot_lamport_norm_body(const EarFusedParams& 
     return lamport_sanitize(load_row_chunk<T>(p.ar.input, row, p.hidden, k, vec_ok));
   };
   const auto load_flat = [&](uint64_t i) { return load(i / hv, static_cast<uint32_t>(i % hv)); };
-  const CallCounters c = begin_call(p.ar, our_abort, [&](CallCounters k) { return next_lamport_call(k, vecs); });
+  const CallCounters c = read_call(p.ar, our_abort);
   const int rank = p.ar.rank;
   const uint64_t row_bytes = EAR_LAMPORT_ROW_BYTES(m);
   const uint64_t cur = c.lam_seq % 3u;
@@ -69,6 +69,7 @@ __device__ __forceinline__ void oneshot_lamport_norm_body(const EarFusedParams& 
   // even shares as the push.
   const CtaShare cleared = cta_share(c.lam_prev_vecs);
   lamport_clear<N>(lam, prev, rank, row_bytes, cleared.end, cleared.first, blockDim.x);
+  write_next_counters(p.ar, next_lamport_call(c, vecs));  // after the push, as lamport.cu
 
   // 3. per row: wait for every peer's chunk, sum in rank order, + bias + residual, norm.
   const char* const cur_rows = lam + cur * N * row_bytes;

@@ -11,13 +11,13 @@ namespace ear {
 
 // ---------------------------------------------------------------------------------------
 // Local state block (EAR_STATE_BYTES, zero-filled once by the host): EAR_MAX_BLOCKS
-// identical copies of the call counters, one per CTA index. CTA b reads copy b and, in the
-// same call, writes the advanced counters into copies b, b + grid, b + 2*grid, ... (see
-// begin_call): every copy is written once per call, by exactly one CTA, and no CTA reads a
-// copy another CTA of the call writes. So there is no cross-CTA arrival count, no atomic,
-// and nothing to do at the end of a call, and grids may change freely between calls. The
-// next call reads the copies after griddepcontrol.wait (or the kernel boundary), i.e. after
-// this grid completed and its writes are visible.
+// identical copies of the call counters, one per CTA index. In a call of G CTAs, CTA b reads
+// copy b and writes the advanced counters into copy b and into its own contiguous range of the
+// copies G..EAR_MAX_BLOCKS-1 (write_next_counters): every copy is written once per call, by
+// exactly one CTA, and no CTA reads a copy another CTA of the call writes. So there is no
+// cross-CTA arrival count, no atomic, and nothing to do at the end of a call, and grids may
+// change freely between calls. The next call reads the copies after griddepcontrol.wait (or
+// the kernel boundary), i.e. after this grid completed and its writes are visible.
 struct State {
   // One-shot and two-shot calls (plain and fused) completed on this workspace. Call `seq`
   // uses flag values flag_value(seq, i) (i < kFlagsPerCall: its barriers or chunks in
@@ -212,37 +212,60 @@ __device__ __forceinline__ uint64_t* open_call(const EarAllReduceParams& p, cons
 
 // After open_call: thread 0 reads copy blockIdx.x of the counters and the arm thread (of
 // another warp when the CTA has two: one round trip to memory for both) our abort word; both
-// are broadcast (a call of an aborted group ends here, wait.cuh). Then copies blockIdx.x + j*gridDim.x
-// (j = threadIdx.x, then strided by blockDim.x) get next(c); thread 0 rewrites the copy it read
-// itself, after reading it. Stores only, nothing waits for them. The abort word is read after
-// PDL's wait, so that an abort by the previous kernel of the stream is seen here.
-template <typename F>
-__device__ __forceinline__ CallCounters begin_call(const EarAllReduceParams& p, const uint64_t* ours, F next) {
+// are broadcast (a call of an aborted group ends here, wait.cuh). Returns the call's counters;
+// the caller then hands the next call its counters with write_next_counters, once, on every
+// path that does not end here. The abort word is read after PDL's wait, so that an abort by the
+// previous kernel of the stream is seen here.
+__device__ __forceinline__ CallCounters read_call(const EarAllReduceParams& p, const uint64_t* ours) {
   __shared__ CallCounters s;
   __shared__ uint64_t aborted;
-  State* const st = static_cast<State*>(p.state);
   CallCounters mine{};
   uint64_t abort_seen = 0;
-  if (threadIdx.x == 0) {  // the loads first, then the stores that wait for them
-    const State* copy = st + blockIdx.x;
-    mine.seq = ld_volatile_u64(&copy->seq);
-    mine.lam_seq = ld_volatile_u64(&copy->lam_seq);
-    mine.lam_prev_vecs = ld_volatile_u64(&copy->lam_prev_vecs);
+  if (threadIdx.x == 0) {  // the loads first (one line), then the stores that wait for them
+    const State* const copy = static_cast<const State*>(p.state) + blockIdx.x;
+    mine = CallCounters{ld_volatile_u64(&copy->seq), ld_volatile_u64(&copy->lam_seq), ld_volatile_u64(&copy->lam_prev_vecs)};
   }
   if (ours != nullptr) abort_seen = ld_volatile_u64(ours);
   if (threadIdx.x == 0) s = mine;
   if (ours != nullptr) aborted = abort_seen;
   __syncthreads();
   bail_if_aborted(aborted);
-  const CallCounters c = s;
-  const CallCounters n = next(c);
-  for (uint32_t copy = blockIdx.x + threadIdx.x * gridDim.x; copy < EAR_MAX_BLOCKS;
-       copy += blockDim.x * gridDim.x) {
-    State* dst = st + copy;
-    dst->seq = n.seq;
-    dst->lam_seq = n.lam_seq;
-    dst->lam_prev_vecs = n.lam_prev_vecs;
-  }
+  return s;
+}
+
+__device__ __forceinline__ void write_copy(State* dst, const CallCounters& n) {
+  dst->seq = n.seq;
+  dst->lam_seq = n.lam_seq;
+  dst->lam_prev_vecs = n.lam_prev_vecs;
+}
+
+// The counters of the next call, `n`, into this CTA's copies (see State): thread 0 rewrites copy
+// blockIdx.x, which it read itself in read_call; threads j write copy G + blockIdx.x * share + j
+// of the copies past the grid. Stores only, nothing waits for them; every thread of the CTA
+// calls it, before finish_call. A Lamport call writes them after its push, which they would
+// otherwise delay (docs/PERFORMANCE.md, issue 42).
+__device__ __forceinline__ void write_next_counters(const EarAllReduceParams& p, const CallCounters& n) {
+  State* const st = static_cast<State*>(p.state);
+#ifdef EAR_EXP_STRIDED  // branch only: the assignment of main (copies b, b + G, ...), measured against
+  for (uint32_t copy = blockIdx.x + threadIdx.x * gridDim.x; copy < EAR_MAX_BLOCKS; copy += blockDim.x * gridDim.x)
+    write_copy(st + copy, n);
+#else
+  const uint32_t grid = gridDim.x;
+  if (threadIdx.x == 0) write_copy(st + blockIdx.x, n);
+  // ceil((EAR_MAX_BLOCKS - G) / G) copies a CTA; grid <= EAR_MAX_BLOCKS (check_params)
+  const uint32_t share = (EAR_MAX_BLOCKS - grid + grid - 1u) / grid;
+  const uint32_t begin = grid + blockIdx.x * share;
+  const uint32_t end = begin + share < EAR_MAX_BLOCKS ? begin + share : EAR_MAX_BLOCKS;
+  for (uint32_t copy = begin + threadIdx.x; copy < end; copy += blockDim.x) write_copy(st + copy, n);
+#endif
+}
+
+// read_call, then the next call's counters next(c) handed on at once: the calls that wait for
+// their peers before they store anything (the barrier families).
+template <typename F>
+__device__ __forceinline__ CallCounters begin_call(const EarAllReduceParams& p, const uint64_t* ours, F next) {
+  const CallCounters c = read_call(p, ours);
+  write_next_counters(p, next(c));
   return c;
 }
 

@@ -20,11 +20,18 @@
 // guarantees comes on top. Then the library's body rebuilt here from its own pieces (lamport.cu's
 // oneshot_lamport_body, with PDL off), whole ("replica") and without one piece at a time:
 //   -check        no check_params
-//   -begin        begin_call replaced by thread 0 reading and advancing its own copy of the
-//                 counters (no abort word read, no copies for other grids)
+//   -begin        read_call and write_next_counters replaced by thread 0 reading and advancing
+//                 its own copy of the counters (no abort word read, no copies for other grids)
 //   -bounded      polls that never give up (no Waiting)
 //   -finish       no finish_call (its barrier and the poison check)
 //   -all          none of the four, and no arm_waits
+// then with the counters read and handed on in other ways (start_call, hand_on below):
+//   begin: no abort        without the abort word read
+//   begin: own copy        the CTA's own copy only (no copies for other grids)
+//   begin: early           the copies written before the push, not after the clear
+//   begin: strided early   the copies as the library wrote them before issue 42's last change:
+//                          CTA b of G writing copies b, b + G, ... (a line per copy), before the push
+//   begin: strided late    the same copies after the clear
 // and whole, with cold code moved out of line (the same work, a shorter hot path):
 //   +cold tails   the element-wise tails of partial vectors in functions of their own
 //   +cold tails+look  and the bounded wait's look too
@@ -107,7 +114,7 @@ __global__ void stripped(const __grid_constant__ Sol s) {
 // The pieces of the library's Lamport body that a row may leave out (see the top), and two
 // layouts of its code: kColdTails moves the element-wise tail of a partial vector (load_input,
 // store_output) out of line, kColdLook the bounded wait's look (Waiting::keep_on).
-enum Piece : uint32_t { kCheck = 1, kBegin = 2, kBounded = 4, kFinish = 8, kArm = 16, kAll = 31, kColdTails = 32, kColdLook = 64 };
+enum Piece : uint32_t { kCheck = 1, kBounded = 4, kFinish = 8, kArm = 16, kAll = 29, kColdTails = 32, kColdLook = 64 };
 
 template <typename T>
 __device__ __noinline__ uint4 load_tail(const void* in, uint64_t vi, uint64_t count) {
@@ -144,7 +151,51 @@ struct ColdWaiting {
   }
 };
 
-template <int N, uint32_t P>
+// How a row reads its call counters and hands the next call its own (the library's read_call and
+// write_next_counters, split): the library's way and the ways a row may take instead.
+enum Begin : int {
+  kBeginLibrary,       // read_call, then write_next_counters after the push and the clear (lamport.cu)
+  kBeginOwn,           // thread 0 reads and advances its own copy only, at once: no abort word read,
+                       // no copies for other grids (the row "-begin")
+  kBeginNoAbort,       // the library's without the abort word read
+  kBeginOwnCopy,       // the library's reads; only the CTA's own copy written, after the clear
+  kBeginEarly,         // the library's, its copies written at once, before the push
+  kBeginStridedEarly,  // the copies as the library wrote them before 2026-12-06 (its sixth session):
+                       // CTA b of G writing copies b, b + G, ... (a line per copy), before the push
+  kBeginStridedLate,   // the same copies after the clear
+};
+template <int B>
+constexpr bool kHandOnEarly = B == kBeginOwn || B == kBeginEarly || B == kBeginStridedEarly;
+
+template <int B>
+__device__ __forceinline__ ear::CallCounters start_call(const EarAllReduceParams& p, const uint64_t* ours) {
+  using namespace ear;
+  if (B != kBeginOwn && B != kBeginNoAbort) return read_call(p, ours);
+  __shared__ CallCounters s;
+  if (threadIdx.x == 0) {
+    const State* const copy = static_cast<const State*>(p.state) + blockIdx.x;
+    s = CallCounters{B == kBeginOwn ? 0u : ld_volatile_u64(&copy->seq), ld_volatile_u64(&copy->lam_seq),
+                     ld_volatile_u64(&copy->lam_prev_vecs)};
+  }
+  __syncthreads();
+  return s;
+}
+
+template <int B>
+__device__ __forceinline__ void hand_on(const EarAllReduceParams& p, const ear::CallCounters& n) {
+  using namespace ear;
+  State* const st = static_cast<State*>(p.state);
+  if (B == kBeginStridedEarly || B == kBeginStridedLate) {
+    for (uint32_t copy = blockIdx.x + threadIdx.x * gridDim.x; copy < EAR_MAX_BLOCKS; copy += blockDim.x * gridDim.x)
+      write_copy(st + copy, n);
+  } else if (B == kBeginOwn || B == kBeginOwnCopy) {
+    if (threadIdx.x == 0) write_copy(st + blockIdx.x, n);
+  } else {
+    write_next_counters(p, n);
+  }
+}
+
+template <int N, uint32_t P, int B>
 __global__ void __launch_bounds__(EAR_BLOCK_THREADS, 1) ablated(const __grid_constant__ EarAllReduceParams p) {
   using T = __nv_bfloat16;
   using namespace ear;
@@ -157,23 +208,9 @@ __global__ void __launch_bounds__(EAR_BLOCK_THREADS, 1) ablated(const __grid_con
   const auto load = [&](uint64_t i) { return lamport_sanitize(load_in<T, kCold>(p.input, i, p.count)); };
   uint4 head[1];
   load_batch(head, first, stride, vecs, load);
-  CallCounters c;
-  if (P & kBegin) {
-    c = begin_call(p, our_abort, [&](CallCounters k) { return next_lamport_call(k, vecs); });
-  } else {
-    __shared__ CallCounters sc;
-    State* const copy = static_cast<State*>(p.state) + blockIdx.x;
-    if (threadIdx.x == 0) {
-      sc.lam_seq = ld_volatile_u64(&copy->lam_seq);
-      sc.lam_prev_vecs = ld_volatile_u64(&copy->lam_prev_vecs);
-    }
-    __syncthreads();
-    c = sc;
-    if (threadIdx.x == 0) {
-      copy->lam_seq = c.lam_seq + 1;
-      copy->lam_prev_vecs = vecs;
-    }
-  }
+  const CallCounters c = start_call<B>(p, our_abort);
+  const CallCounters next = next_lamport_call(c, vecs);
+  if (kHandOnEarly<B>) hand_on<B>(p, next);
   const uint64_t m = p.ws_max_bytes;
   const uint64_t row_bytes = EAR_LAMPORT_ROW_BYTES(m);
   const uint64_t cur = c.lam_seq % 3u;
@@ -182,6 +219,7 @@ __global__ void __launch_bounds__(EAR_BLOCK_THREADS, 1) ablated(const __grid_con
   for_rest(head, first, stride, vecs, load, [&](uint64_t i, const uint4& v) { lamport_push<N>(p, push_off + i * 16, v); });
   char* const mine = data_region(peer_base<N>(p, p.rank)) + EAR_OFF_LAMPORT(m, N);
   lamport_clear<N>(mine, prev, p.rank, row_bytes, c.lam_prev_vecs, first, stride);
+  if (!kHandOnEarly<B>) hand_on<B>(p, next);
   const char* const cur_rows = mine + cur * N * row_bytes;
   const auto load_all = [&](uint64_t i) {
     Ranks<N> v;
@@ -227,7 +265,7 @@ struct Row {
 };
 #define LIB {(const void*)ear_oneshot_lamport_bf16_n2, (const void*)ear_oneshot_lamport_bf16_n4, (const void*)ear_oneshot_lamport_bf16_n8}
 #define ST(M) {(const void*)stripped<2, M>, (const void*)stripped<4, M>, (const void*)stripped<8, M>}
-#define AB(P) {(const void*)ablated<2, P>, (const void*)ablated<4, P>, (const void*)ablated<8, P>}
+#define AB(P, B) {(const void*)ablated<2, P, B>, (const void*)ablated<4, P, B>, (const void*)ablated<8, P, B>}
 const Row kRows[] = {
     {"floor", K_FLOOR, {(const void*)empty_rank, (const void*)empty_rank, (const void*)empty_rank}, false, false},
     {"lamport (PDL)", K_LIBRARY, LIB, true, true},
@@ -237,14 +275,19 @@ const Row kRows[] = {
     {"state+copy", K_STRIPPED, ST(kStateCopy), false, false},
     {"sol@param", K_STRIPPED, ST(kSolParam), false, true},
     {"sol", K_STRIPPED, ST(kSol), false, true},
-    {"replica", K_LIBRARY, AB(kAll), false, true},
-    {"-check", K_LIBRARY, AB(kAll & ~kCheck), false, true},
-    {"-begin", K_LIBRARY, AB(kAll & ~kBegin), false, true},
-    {"-bounded", K_LIBRARY, AB(kAll & ~kBounded), false, true},
-    {"-finish", K_LIBRARY, AB(kAll & ~kFinish), false, true},
-    {"-all", K_LIBRARY, AB(0), false, true},
-    {"+cold tails", K_LIBRARY, AB(kAll | kColdTails), false, true},
-    {"+cold tails+look", K_LIBRARY, AB(kAll | kColdTails | kColdLook), false, true},
+    {"replica", K_LIBRARY, AB(kAll, kBeginLibrary), false, true},
+    {"-check", K_LIBRARY, AB(kAll & ~kCheck, kBeginLibrary), false, true},
+    {"-begin", K_LIBRARY, AB(kAll, kBeginOwn), false, true},
+    {"-bounded", K_LIBRARY, AB(kAll & ~kBounded, kBeginLibrary), false, true},
+    {"-finish", K_LIBRARY, AB(kAll & ~kFinish, kBeginLibrary), false, true},
+    {"-all", K_LIBRARY, AB(0, kBeginOwn), false, true},
+    {"begin: no abort", K_LIBRARY, AB(kAll, kBeginNoAbort), false, true},
+    {"begin: own copy", K_LIBRARY, AB(kAll, kBeginOwnCopy), false, true},
+    {"begin: early", K_LIBRARY, AB(kAll, kBeginEarly), false, true},
+    {"begin: strided early", K_LIBRARY, AB(kAll, kBeginStridedEarly), false, true},
+    {"begin: strided late", K_LIBRARY, AB(kAll, kBeginStridedLate), false, true},
+    {"+cold tails", K_LIBRARY, AB(kAll | kColdTails, kBeginLibrary), false, true},
+    {"+cold tails+look", K_LIBRARY, AB(kAll | kColdTails | kColdLook, kBeginLibrary), false, true},
 };
 constexpr int kNumRows = sizeof(kRows) / sizeof(kRows[0]);
 constexpr int kLibraryRow = 1;  // its output is the reference
@@ -321,7 +364,7 @@ int main(int argc, char** argv) {
   w.ranks = {2, 4, 8};
   w.sizes = {16, 8u << 10, 64u << 10, 256u << 10};
   w.ops = 21;
-  w.name_width = 18;
+  w.name_width = 22;
   w.value_width = 11;
   w.reference = "the library's Lamport";
   if (!stages::parse_args(argc, argv, w)) return 2;
