@@ -12,21 +12,32 @@ eval "$(tools/setup.sh)"
 export EDGELLM_CUDA_ARCHS=${EDGELLM_CUDA_ARCHS:-90}
 base=${BASE:-main}
 x=.carry-x
-rm -rf "$x" && mkdir -p "$x/peers" .carry-gpu
-build_bench() { cargo build --release -q -p edgellm-allreduce-bench && strip -o "$x/bench-$1" target/release/edgellm-allreduce-bench; }
+rm -rf "$x"
+mkdir -p "$x/peers" .carry-gpu
+build_bench() {
+  cargo build --release -q -p edgellm-allreduce-bench
+  strip -o "$x/bench-$1" target/release/edgellm-allreduce-bench
+}
 tmp=$(mktemp -d)
 git archive "$base" kernels | tar -x -C "$tmp"
 cp -r kernels "$tmp/branch-kernels"
-cp "$tmp"/kernels/* kernels/ && build_bench O0
+# Every step on a line of its own: `set -e` does not stop at a failure before `&&`.
+cp "$tmp"/kernels/* kernels/
+build_bench O0
 cp "$tmp"/branch-kernels/* kernels/
-sed -i 's|^#pragma once$|#pragma once\n#define EAR_EXP_STRIDED|' kernels/sync.cuh && build_bench SL
-cp "$tmp"/branch-kernels/sync.cuh kernels/sync.cuh && build_bench AL
+sed -i 's|^#pragma once$|#pragma once\n#define EAR_EXP_STRIDED|' kernels/sync.cuh
+build_bench SL
+cp "$tmp"/branch-kernels/sync.cuh kernels/sync.cuh
+build_bench AL
 git diff --quiet -- kernels || { echo "kernels/ differ from the branch after staging"; exit 1; }
 rm -rf "$tmp"
 "$CUDA_HOME/bin/nvcc" -O3 -std=c++17 -arch=sm_90 -L"$CUDA_HOME/lib" -Werror all-warnings \
-  tools/gpu/lamport_stages.cu -o "$x/lamport_stages" && strip "$x/lamport_stages"
-bash ../shared/peers/build.sh target/peers "$root" && cp target/peers/peerbench "$x/peers/"
+  tools/gpu/lamport_stages.cu -o "$x/lamport_stages"
+strip "$x/lamport_stages"
+bash ../shared/peers/build.sh "$root/target/peers" "$root"
+cp target/peers/peerbench "$x/peers/"
 cp tools/gpu/counters_ab.sh "$x/"
-cmake --build build -j2 && bash tools/gpu/stage_contract.sh
+cmake --build build -j2
+bash tools/gpu/stage_contract.sh
 tar -cf - "$x" .carry-contract | xz -T2 -9 > .carry-gpu/x.tar.xz
 ls -la .carry-gpu
