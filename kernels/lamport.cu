@@ -51,7 +51,7 @@ __device__ __forceinline__ void oneshot_lamport_body(const EarAllReduceParams& p
   const uint64_t vecs = vec_count<T>(p.count);
   const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
   const uint64_t first = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  // The first input does not depend on the counters: loading it before begin_call overlaps
+  // The first input does not depend on the counters: loading it before read_call overlaps
   // its latency with the state read's. The push goes one vector at a time: each store leaves
   // as soon as its load returns (batches of 4 measured 0.1-0.3 µs slower at 1 KiB-2 MiB on
   // 2 x H200, docs/PERFORMANCE.md).

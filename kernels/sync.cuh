@@ -11,13 +11,13 @@ namespace ear {
 
 // ---------------------------------------------------------------------------------------
 // Local state block (EAR_STATE_BYTES, zero-filled once by the host): EAR_MAX_BLOCKS
-// identical copies of the call counters, one per CTA index. In a call of G CTAs, CTA b reads
-// copy b and writes the advanced counters into copy b and into its own contiguous range of the
-// copies G..EAR_MAX_BLOCKS-1 (write_next_counters): every copy is written once per call, by
-// exactly one CTA, and no CTA reads a copy another CTA of the call writes. So there is no
-// cross-CTA arrival count, no atomic, and nothing to do at the end of a call, and grids may
-// change freely between calls. The next call reads the copies after griddepcontrol.wait (or
-// the kernel boundary), i.e. after this grid completed and its writes are visible.
+// identical copies of the call counters, one per CTA index. CTA b reads copy b and, in the
+// same call, writes the advanced counters into copies b, b + grid, b + 2*grid, ... (see
+// write_next_counters): every copy is written once per call, by exactly one CTA, and no CTA
+// reads a copy another CTA of the call writes. So there is no cross-CTA arrival count, no
+// atomic, and nothing to do at the end of a call, and grids may change freely between calls.
+// The next call reads the copies after griddepcontrol.wait (or the kernel boundary), i.e. after
+// this grid completed and its writes are visible.
 struct State {
   // One-shot and two-shot calls (plain and fused) completed on this workspace. Call `seq`
   // uses flag values flag_value(seq, i) (i < kFlagsPerCall: its barriers or chunks in
@@ -239,25 +239,16 @@ __device__ __forceinline__ void write_copy(State* dst, const CallCounters& n) {
   dst->lam_prev_vecs = n.lam_prev_vecs;
 }
 
-// The counters of the next call, `n`, into this CTA's copies (see State): thread 0 rewrites copy
-// blockIdx.x, which it read itself in read_call; threads j write copy G + blockIdx.x * share + j
-// of the copies past the grid. Stores only, nothing waits for them; every thread of the CTA
-// calls it, before finish_call. A Lamport call writes them after its push, which they would
-// otherwise delay (docs/PERFORMANCE.md, issue 42).
+// The counters of the next call, `n`, into this CTA's copies (see State): copies
+// blockIdx.x + j*gridDim.x, thread j first, then strided by blockDim.x; thread 0 rewrites the
+// copy it read itself in read_call. Stores only, nothing waits for them; every thread of the
+// CTA calls it, before finish_call. A Lamport call writes them after its push and clear, which
+// they would otherwise delay (docs/PERFORMANCE.md, issue 42: 2 ranks, 8 KiB, 3.89 -> 3.71 us).
+// Contiguous ranges per CTA measured 0.1-0.2 us slower in the barrier kernels (same run).
 __device__ __forceinline__ void write_next_counters(const EarAllReduceParams& p, const CallCounters& n) {
   State* const st = static_cast<State*>(p.state);
-#ifdef EAR_EXP_STRIDED  // branch only: the assignment of main (copies b, b + G, ...), measured against
   for (uint32_t copy = blockIdx.x + threadIdx.x * gridDim.x; copy < EAR_MAX_BLOCKS; copy += blockDim.x * gridDim.x)
     write_copy(st + copy, n);
-#else
-  const uint32_t grid = gridDim.x;
-  if (threadIdx.x == 0) write_copy(st + blockIdx.x, n);
-  // ceil((EAR_MAX_BLOCKS - G) / G) copies a CTA; grid <= EAR_MAX_BLOCKS (check_params)
-  const uint32_t share = (EAR_MAX_BLOCKS - grid + grid - 1u) / grid;
-  const uint32_t begin = grid + blockIdx.x * share;
-  const uint32_t end = begin + share < EAR_MAX_BLOCKS ? begin + share : EAR_MAX_BLOCKS;
-  for (uint32_t copy = begin + threadIdx.x; copy < end; copy += blockDim.x) write_copy(st + copy, n);
-#endif
 }
 
 // read_call, then the next call's counters next(c) handed on at once: the calls that wait for

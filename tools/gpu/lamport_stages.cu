@@ -28,10 +28,8 @@
 // then with the counters read and handed on in other ways (start_call, hand_on below):
 //   begin: no abort        without the abort word read
 //   begin: own copy        the CTA's own copy only (no copies for other grids)
-//   begin: early           the copies written before the push, not after the clear
-//   begin: strided early   the copies as the library wrote them before issue 42's last change:
-//                          CTA b of G writing copies b, b + G, ... (a line per copy), before the push
-//   begin: strided late    the same copies after the clear
+//   begin: early           the copies written before the push, not after the clear (the
+//                          library before issue 42's last change)
 // and whole, with cold code moved out of line (the same work, a shorter hot path):
 //   +cold tails   the element-wise tails of partial vectors in functions of their own
 //   +cold tails+look  and the bounded wait's look too
@@ -160,12 +158,9 @@ enum Begin : int {
   kBeginNoAbort,       // the library's without the abort word read
   kBeginOwnCopy,       // the library's reads; only the CTA's own copy written, after the clear
   kBeginEarly,         // the library's, its copies written at once, before the push
-  kBeginStridedEarly,  // the copies as the library wrote them before 2026-12-06 (its sixth session):
-                       // CTA b of G writing copies b, b + G, ... (a line per copy), before the push
-  kBeginStridedLate,   // the same copies after the clear
 };
 template <int B>
-constexpr bool kHandOnEarly = B == kBeginOwn || B == kBeginEarly || B == kBeginStridedEarly;
+constexpr bool kHandOnEarly = B == kBeginOwn || B == kBeginEarly;
 
 template <int B>
 __device__ __forceinline__ ear::CallCounters start_call(const EarAllReduceParams& p, const uint64_t* ours) {
@@ -185,10 +180,7 @@ template <int B>
 __device__ __forceinline__ void hand_on(const EarAllReduceParams& p, const ear::CallCounters& n) {
   using namespace ear;
   State* const st = static_cast<State*>(p.state);
-  if (B == kBeginStridedEarly || B == kBeginStridedLate) {
-    for (uint32_t copy = blockIdx.x + threadIdx.x * gridDim.x; copy < EAR_MAX_BLOCKS; copy += blockDim.x * gridDim.x)
-      write_copy(st + copy, n);
-  } else if (B == kBeginOwn || B == kBeginOwnCopy) {
+  if (B == kBeginOwn || B == kBeginOwnCopy) {
     if (threadIdx.x == 0) write_copy(st + blockIdx.x, n);
   } else {
     write_next_counters(p, n);
@@ -284,8 +276,6 @@ const Row kRows[] = {
     {"begin: no abort", K_LIBRARY, AB(kAll, kBeginNoAbort), false, true},
     {"begin: own copy", K_LIBRARY, AB(kAll, kBeginOwnCopy), false, true},
     {"begin: early", K_LIBRARY, AB(kAll, kBeginEarly), false, true},
-    {"begin: strided early", K_LIBRARY, AB(kAll, kBeginStridedEarly), false, true},
-    {"begin: strided late", K_LIBRARY, AB(kAll, kBeginStridedLate), false, true},
     {"+cold tails", K_LIBRARY, AB(kAll | kColdTails, kBeginLibrary), false, true},
     {"+cold tails+look", K_LIBRARY, AB(kAll | kColdTails | kColdLook, kBeginLibrary), false, true},
 };
