@@ -243,8 +243,9 @@ __device__ __forceinline__ void write_copy(State* dst, const CallCounters& n) {
 // blockIdx.x + j*gridDim.x, thread j first, then strided by blockDim.x; thread 0 rewrites the
 // copy it read itself in read_call. Stores only, nothing waits for them; every thread of the
 // CTA calls it, before finish_call. A Lamport call writes them after its push and clear, which
-// they would otherwise delay (docs/PERFORMANCE.md, issue 42: 2 ranks, 8 KiB, 3.89 -> 3.71 us).
-// Contiguous ranges per CTA measured 0.1-0.2 us slower in the barrier kernels (same run).
+// they would otherwise delay (2 ranks, 8 KiB: 3.88-3.91 -> 3.71 us, one H100, simulated ranks).
+// Contiguous ranges per CTA were 0.1-0.2 us slower in the barrier kernels (same run:
+// docs/runs/2026-12-06-h100-counters-ab.txt, "Design choices" in docs/PERFORMANCE.md).
 __device__ __forceinline__ void write_next_counters(const EarAllReduceParams& p, const CallCounters& n) {
   State* const st = static_cast<State*>(p.state);
   for (uint32_t copy = blockIdx.x + threadIdx.x * gridDim.x; copy < EAR_MAX_BLOCKS; copy += blockDim.x * gridDim.x)
