@@ -200,7 +200,7 @@ struct CallCounters {
 // Start of a call, before anything reads what the previous kernel wrote: arms the CTA's
 // bounded waits (wait.cuh), then waits for the previous kernel (PDL). Arming depends on no
 // memory, so with PDL it overlaps that kernel's tail. Returns our abort word to the thread that
-// reads it in begin_call, NULL to the others.
+// reads it in read_call, NULL to the others.
 // `fused`: the fused op's parameters (`p` is their all-reduce part), whose outputs a failed
 // call poisons; T: the element type (wait.cuh).
 template <typename T>

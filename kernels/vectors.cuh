@@ -302,7 +302,7 @@ __device__ __forceinline__ void batched_for(uint64_t first, uint64_t stride, uin
 }
 
 // batched_for split in two: the first batch's loads (load_batch), issued early, e.g. before
-// begin_call's state read so that the two latencies overlap; then the rest (for_rest: the
+// read_call's state read so that the two latencies overlap; then the rest (for_rest: the
 // first batch's uses, then the remaining batches).
 template <int U, typename V, typename Load, typename Use>
 __device__ __forceinline__ void for_rest(const V (&head)[U], uint64_t first, uint64_t stride,

@@ -126,7 +126,7 @@ __device__ __forceinline__ bool is_arm_thread() { return threadIdx.x == (blockDi
 
 // Start of a call (open_call, sync.cuh: before PDL's wait, so that it also overlaps the
 // previous kernel). `p` must be the kernel's __grid_constant__ parameters (a pointer to them is
-// kept). Returns our abort word to the arm thread (which reads it at begin_call), NULL to
+// kept). Returns our abort word to the arm thread (which reads it in read_call), NULL to
 // every other thread.
 // `fused`: the fused op's parameters when `p` is their all-reduce part (their outputs are the
 // ones a failed call poisons), else NULL; `elem_bytes`: the element size of the outputs.
@@ -134,7 +134,7 @@ __device__ __forceinline__ uint64_t* arm_waits(const EarAllReduceParams& p, cons
                                                uint32_t elem_bytes) {
   if (!is_arm_thread()) return nullptr;
   WaitContext& w = wait_context();
-  w.params = &p;  // before begin_call's __syncthreads, as the zeros: no look reads them sooner
+  w.params = &p;  // before read_call's __syncthreads, as the zeros: no look reads them sooner
   w.fused = fused;
   w.deadline = 0;
   w.gave_up = 0;
