@@ -221,7 +221,7 @@ __device__ __forceinline__ CallCounters read_call(const EarAllReduceParams& p, c
   __shared__ uint64_t aborted;
   CallCounters mine{};
   uint64_t abort_seen = 0;
-  if (threadIdx.x == 0) {  // the loads first (one line), then the stores that wait for them
+  if (threadIdx.x == 0) {  // the loads first (one line), then the shared stores that wait for them
     const State* const copy = static_cast<const State*>(p.state) + blockIdx.x;
     mine = CallCounters{ld_volatile_u64(&copy->seq), ld_volatile_u64(&copy->lam_seq), ld_volatile_u64(&copy->lam_prev_vecs)};
   }
